@@ -1,0 +1,36 @@
+"""Helpers shared by the command modules: JSON output and option parsing."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from bubblecast.errors import BubblecastError
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item"):  # numpy scalars
+        return _clean(obj.item())
+    return obj
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """Print one JSON object on stdout (NaN and inf become null)."""
+    print(json.dumps(_clean(obj), sort_keys=False))
+
+
+def parse_int_list(text: str | None, option: str) -> list[int] | None:
+    """Parse ``3,5,4`` for ``option``; raise a one-line error on bad input."""
+    if text is None or text == "":
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BubblecastError(f"{option}: expected comma-separated integers, got '{text}'") from None

@@ -1,0 +1,42 @@
+"""``bubblecast inspect FILE``: bubble accounting of a telemetry file (SPEC §3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json
+
+
+@app.command()
+def inspect(
+    file: Path = typer.Argument(..., help="Events file or directory (or another format)."),
+    format: str = typer.Option("auto", "--format",
+                               help="auto, bubblecast, megatron-ops or kineto."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a timeline PNG."),
+    perfetto: Path | None = typer.Option(None, "--perfetto", help="Write a Perfetto trace JSON."),
+    run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
+) -> None:
+    """Bubble fraction, structural vs dynamic bubbles, bottleneck stage and slow ranks."""
+    from bubblecast.sim.accounting import inspect_summary
+    from bubblecast.telemetry.importers import load_events
+
+    events = load_events(file, format)
+    summary = inspect_summary(events, run_id=run)
+    if plot is not None:
+        from bubblecast.sim.plots import plot_inspect
+
+        plot_inspect(events, summary, plot)
+    if perfetto is not None:
+        from bubblecast.sim.perfetto import write_perfetto
+
+        write_perfetto(events, perfetto)
+    if json_out:
+        emit_json(summary)
+    else:
+        from bubblecast.cli.render import print_summary
+
+        print_summary(summary)

@@ -1,0 +1,1 @@
+"""Pipeline schedules, the timing engine, workloads, scenarios, accounting and replay."""
