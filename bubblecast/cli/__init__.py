@@ -40,8 +40,21 @@ def _root(
     """Predict and remove pipeline bubbles in pipeline-parallel training."""
 
 
+#: Command modules, imported in this order to register their commands with ``app``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "simulate_cmd", "inspect_cmd", "whatif_cmd", "collect_cmd", "dataset_cmd", "train_cmd",
+    "evaluate_cmd", "policy_cmd", "serve_cmd", "run_cmd", "demo_cmd",
+)  # fmt: skip
+
+
 def _register() -> None:
-    from bubblecast.cli import inspect_cmd  # noqa: F401
+    import importlib
+    import importlib.util
+
+    for name in COMMAND_MODULES:
+        module = f"bubblecast.cli.{name}"
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
 
 
 def _exception_classes() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:

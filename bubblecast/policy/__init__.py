@@ -1,0 +1,1 @@
+"""Policy: turn forecasts into actions and evaluate policies offline."""
