@@ -138,7 +138,12 @@ def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -
     _check_duplicates(frame, source)
     for col, dtype in _OPT_INT.items():
         if col in frame.columns:
-            frame[col] = frame[col].astype(dtype)
+            values = frame[col]
+            frame[col] = values.astype(dtype.capitalize() if values.isna().any() else dtype)
+            low = frame[col].min()
+            if low is not pd.NA and low < 0:
+                row = _first((frame[col] < 0).fillna(False).to_numpy())
+                raise SchemaError(source, col, row, f"negative value {frame[col].iloc[row]}")
     return frame
 
 
