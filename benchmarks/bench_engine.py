@@ -1,0 +1,104 @@
+"""Timing engine throughput against the reference event loop, and ``simulate`` end to end.
+
+For each schedule (P=8 stages, M=16 microbatches) the same ``(steps, ops)`` duration matrix
+is timed by the vectorised engine (median of 3 runs; as a C-ordered array and as the same
+values in op-major memory, which skips a transposition) and by the per-op reference loop
+(one run); outputs are checked equal. Then ``simulate_events`` (1000 steps x 8 stages x 16
+microbatches, 1F1B, median of 3) and ``write_events`` are timed end to end. Times are process
+CPU times (numpy here is single-threaded), so a busy shared machine distorts them less than
+wall-clock would. Prints a table and writes ``benchmarks/results/engine.json``.
+Usage: ``python benchmarks/bench_engine.py [--steps N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bubblecast.sim.engine import simulate
+from bubblecast.sim.reference import simulate_reference
+from bubblecast.sim.schedules import schedule_graph
+from bubblecast.sim.simulator import SimConfig, simulate_events
+from bubblecast.telemetry.io import atomic_write_text, write_events
+
+CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)]
+
+
+def _timed(fn, repeat: int = 1) -> tuple[float, object]:
+    """Median CPU time of this process (one core; other processes' load does not count)."""
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.process_time()
+        out = fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times), out
+
+
+def bench_engine(steps: int, p: int = 8, m: int = 16) -> list[dict]:
+    rows = []
+    for name, v in CASES:
+        sg = schedule_graph(name, p, m, v)
+        n = sg.graph.n_ops
+        dur = np.random.default_rng(0).lognormal(0, 0.3, (steps, n)) * 1e-3
+        dur_f = np.asfortranarray(dur)  # same values, op-major memory (the engine's layout)
+        simulate(sg.graph, dur[:2], 1e-4)  # build and cache the plan outside the timing
+        t_eng, (s1, e1) = _timed(lambda g=sg.graph, d=dur: simulate(g, d, 1e-4), repeat=3)
+        t_f, _ = _timed(lambda g=sg.graph, d=dur_f: simulate(g, d, 1e-4), repeat=3)
+        t_ref, (s2, e2) = _timed(lambda g=sg.graph, d=dur: simulate_reference(g, d, 1e-4))
+        assert np.array_equal(s1, s2) and np.array_equal(e1, e2), name
+        ops = steps * n
+        rows.append({"schedule": name, "chunks": v, "stages": p, "microbatches": m,
+                     "steps": steps, "ops": ops, "engine_s": t_eng, "engine_opmajor_s": t_f,
+                     "reference_s": t_ref, "engine_ops_per_s": ops / t_eng,
+                     "engine_opmajor_ops_per_s": ops / t_f, "reference_ops_per_s": ops / t_ref,
+                     "speedup": t_ref / t_eng, "speedup_opmajor": t_ref / t_f})
+    return rows
+
+
+def bench_simulate(steps: int) -> dict:
+    cfg = SimConfig(schedule="1f1b", stages=8, microbatches=16, steps=steps, comm=0.1)
+    simulate_events(SimConfig(schedule="1f1b", stages=8, microbatches=16, steps=2))
+    t_sim, events = _timed(lambda: simulate_events(cfg), repeat=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        t_write, _ = _timed(lambda: write_events(events, Path(tmp) / "e.parquet"))
+    n = len(events)
+    return {"steps": steps, "stages": 8, "microbatches": 16, "events": n,
+            "simulate_s": t_sim, "write_s": t_write, "events_per_s": n / t_sim,
+            "events_per_s_with_write": n / (t_sim + t_write)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.json"))
+    args = parser.parse_args()
+    engine = bench_engine(args.steps)
+    sim = bench_simulate(args.steps)
+    print("engine Mops/s: (batch, ops) C-order input | op-major input; speedups vs reference")
+    print(f"{'schedule':<16}{'ops':>8}{'engine':>9}{'op-major':>10}{'reference':>11}"
+          f"{'speedup':>9}{'op-major':>10}")
+    for r in engine:
+        label = r["schedule"] + (f" v={r['chunks']}" if r["chunks"] > 1 else "")
+        print(f"{label:<16}{r['ops']:>8}{r['engine_ops_per_s'] / 1e6:>9.1f}"
+              f"{r['engine_opmajor_ops_per_s'] / 1e6:>10.1f}"
+              f"{r['reference_ops_per_s'] / 1e6:>11.2f}{r['speedup']:>8.0f}x"
+              f"{r['speedup_opmajor']:>9.0f}x")
+    print(f"simulate 1f1b {sim['steps']} steps x 8 stages x 16 mb: {sim['events']} events in "
+          f"{sim['simulate_s'] * 1e3:.0f} ms ({sim['events_per_s'] / 1e6:.2f} M events/s; "
+          f"+ write {sim['write_s'] * 1e3:.0f} ms)")
+    result = {"machine": {"python": platform.python_version(), "processor": platform.machine(),
+                          "numpy": np.__version__},
+              "engine": engine, "simulate": sim}
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Simulated telemetry: schedule + workload + scenario -> an ``events`` table (SPEC §1).
+
+:func:`simulate_events` builds the schedule's dependency graph once, fills a
+``(runs * steps * replicas, ops)`` duration matrix from the workload, partition and scenario,
+times it with one engine call and writes one row per compute op. Columns beyond the SPEC's
+required ones: ``layers`` (layers the rank holds, summed over its chunks), ``tokens``
+(``seqlen`` scenarios) and ``speed`` (the rank's ground-truth slowdown factor at that step).
+``start_s`` counts from each step's origin (0 = the step's first op), shared by all ranks.
+
+Ground truth saved in each run's metadata ``extra`` (so the run's compute under another
+partition follows exactly, see :func:`bubblecast.sim.workload.counterfactual_stage_times`):
+``workload`` (per-layer costs in ms, any ``imbalance`` head included), ``scenario``
+(parameters, seed and ``realised`` choices), ``sim`` (``f_ms``, ``b_ms``, ``w_ms``,
+``comm_ms``, ``seed``, ``run_index``, ``model``, ``steps``, ``noise_sigma``),
+``partition_steps`` (``[[first_step, partition], ...]``, only when the partition changes
+between steps; ``partition`` holds step 0's, per virtual stage) and ``tokens_model``
+(``mean_tokens``, ``quadratic_share``) when the ``tokens`` column is filled.
+Run ``k`` of a config is named ``{run_id}-{k}``; its scenario and noise are seeded from
+(``seed``, ``k``) and do not depend on the partition, so a config differing only in
+``partition`` simulates the same run's counterfactual, noise included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bubblecast.errors import BubblecastError
+from bubblecast.sim.engine import simulate
+from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
+from bubblecast.sim.schedules import SPLIT_BACKWARD, _check, schedule_graph
+from bubblecast.sim.workload import (
+    PartitionSpec,
+    Workload,
+    load_workload,
+    partition_matrix,
+    stage_costs,
+)
+from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.schema import OPS, RunMeta
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate. Times in ms per microbatch for a whole stage (SPEC §3); ``model``
+    (``uniform:L``, a file or a :class:`Workload`) replaces ``f/b/w`` by per-layer costs
+    (``uniform:L`` scales them from ``f/b/w``); ``partition`` is layers per stage (one list, a
+    ``(steps, S)`` array or a callable ``step -> list``; default an even split);
+    ``scenario`` a name or a :class:`Scenario` (run ``k`` reseeds it from ``seed`` and ``k``)."""
+
+    schedule: str = "1f1b"
+    stages: int = 4
+    microbatches: int = 8
+    chunks: int = 1
+    f: float = 1.0
+    b: float = 1.0
+    w: float = 1.0
+    comm: float = 0.0
+    model: str | Workload | None = None
+    partition: PartitionSpec = None
+    steps: int = 1
+    replicas: int = 1
+    scenario: str | Scenario = "none"
+    seed: int = 0
+    runs: int = 1
+    run_id: str = "sim"
+
+    def __post_init__(self) -> None:
+        _check(self.schedule, self.stages, self.microbatches, self.chunks)
+        for name in ("steps", "replicas", "runs"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise BubblecastError(f"--{name}: must be a positive integer, got {value}")
+        for name in ("f", "b", "w", "comm"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise BubblecastError(f"--{name}: must be a finite number >= 0, got {value}")
+        if self.f + self.b + self.w <= 0:
+            raise BubblecastError("--f/--b/--w: at least one must be positive")
+        if self.partition is not None and self.model is None:
+            raise BubblecastError("--partition: needs --model (layers to partition)")
+        if not self.run_id:
+            raise BubblecastError("run id prefix must not be empty")
+
+    def workload(self) -> Workload:
+        """Per-layer costs; without a model, one layer per virtual stage (f/V, b/V, w/V)."""
+        if isinstance(self.model, Workload):
+            return self.model
+        if self.model is None:
+            return Workload.uniform(self.stages * self.chunks, self.f, self.b, self.w,
+                                    stages=self.stages)
+        return load_workload(self.model, f=self.f, b=self.b, w=self.w, stages=self.stages)
+
+    def run_ids(self) -> list[str]:
+        return [f"{self.run_id}-{k}" for k in range(self.runs)]
+
+    @property
+    def base_seed(self) -> int:
+        """``seed``, or the seed of a :class:`Scenario` instance given as ``scenario``."""
+        return int(self.scenario.seed if isinstance(self.scenario, Scenario) else self.seed)
+
+    def scenario_for(self, k: int) -> Scenario:
+        """Run ``k``'s scenario, seeded from (``base_seed``, ``k``)."""
+        proto = self.scenario if isinstance(self.scenario, Scenario) \
+            else make_scenario(self.scenario)
+        seed = int(np.random.SeedSequence([self.base_seed, k, 0]).generate_state(1)[0])
+        return replace(proto, seed=seed)
+
+
+def _noise(seed: int, k: int, sigma: float, shape: tuple[int, ...]) -> np.ndarray | None:
+    if sigma <= 0:
+        return None
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), k, 1]))
+    out = rng.standard_normal(shape)
+    out *= sigma
+    out -= sigma * sigma / 2
+    return np.exp(out, out=out)
+
+
+def _durations(config: SimConfig, sg: Any, k: int, workload: Workload,
+               parts: np.ndarray) -> tuple[np.ndarray, Any, Workload]:
+    """Run ``k``'s ``(steps, replicas, ops)`` durations in ms, its draw and its workload."""
+    p, steps, replicas = config.stages, config.steps, config.replicas
+    scenario = config.scenario_for(k)
+    draw = scenario.draw(RunShape(steps, p, replicas, config.microbatches))
+    if draw.last_stage_extra:
+        per_stage = stage_costs(workload, np.array([[workload.n_layers]]))[0, 0] / p
+        workload = workload.with_extra_last(tuple(draw.last_stage_extra * per_stage))
+    costs = stage_costs(workload, parts)  # (steps, S, 3)
+    if config.schedule not in SPLIT_BACKWARD:
+        costs[..., 1] += costs[..., 2]
+    base = costs[:, sg.virtual_stage, sg.kind]  # (steps, ops)
+    speed = draw.speed.reshape(steps, replicas, p)
+    dur = base[:, None, :] * speed[:, :, sg.stage]
+    if draw.work is not None:
+        dur *= draw.work[:, :, sg.microbatch]
+    noise = _noise(config.base_seed, k, draw.noise_sigma, dur.shape)
+    if noise is not None:
+        dur *= noise
+    return dur, (scenario, draw), workload
+
+
+def _partition_steps(parts: np.ndarray) -> list[list[Any]]:
+    change = np.flatnonzero(np.any(parts[1:] != parts[:-1], axis=1)) + 1
+    return [[int(s), parts[s].tolist()] for s in np.r_[0, change]]
+
+
+def simulate_events(config: SimConfig) -> Events:
+    """Simulate ``config`` and return the events of its ``runs`` runs (see the module doc)."""
+    sg = schedule_graph(config.schedule, config.stages, config.microbatches, config.chunks)
+    p, v, steps, replicas = config.stages, config.chunks, config.steps, config.replicas
+    base_workload = config.workload()
+    parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v)
+    n, runs = sg.graph.n_ops, config.runs
+    dur = np.empty((runs, steps, replicas, n))
+    metas, draws = {}, []
+    for k, run_id in enumerate(config.run_ids()):
+        dur[k], (scenario, draw), workload = _durations(config, sg, k, base_workload, parts)
+        draws.append(draw)
+        metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts)
+    dur_s = dur.reshape(-1, n) / 1000.0
+    start, _ = simulate(sg.graph, dur_s, config.comm / 1000.0)
+    # Rows in (run, step, replica, op) order.
+    rows_per_run = steps * replicas * n
+    total = runs * rows_per_run
+    step = np.tile(np.repeat(np.arange(steps, dtype=np.int64), replicas * n), runs)
+    replica = np.tile(np.repeat(np.arange(replicas, dtype=np.int32), n), runs * steps)
+    stage = np.tile(sg.stage.astype(np.int32), runs * steps * replicas)
+    mb = np.tile(sg.microbatch.astype(np.int32), runs * steps * replicas)
+    kind = np.tile(sg.kind, runs * steps * replicas)
+    rank = replica * p + stage
+    layers_rank = parts.reshape(steps, v, p).sum(axis=1).astype(np.int32)  # (steps, P)
+    run_codes = np.repeat(np.arange(runs), rows_per_run)
+    frame = pd.DataFrame({
+        "run_id": pd.Categorical.from_codes(run_codes, categories=list(metas)),
+        "step": step,
+        "rank": rank,
+        "stage": stage,
+        "replica": replica,
+        "chunk": np.tile(sg.chunk.astype(np.int32), runs * steps * replicas),
+        "microbatch": mb,
+        "op": pd.Categorical.from_codes(kind, categories=list(OPS)),
+        "start_s": np.ascontiguousarray(start).reshape(total),
+        "duration_s": dur_s.reshape(total),
+        "layers": layers_rank[step, stage],
+    })
+    if any(d.tokens is not None for d in draws):
+        tok = np.stack([d.tokens if d.tokens is not None
+                        else np.zeros((steps, replicas, config.microbatches), dtype=np.int64)
+                        for d in draws])  # (runs, steps, replicas, m)
+        frame["tokens"] = tok[run_codes, step, replica, mb]
+    speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
+    frame["speed"] = speed[run_codes, step, rank]
+    from bubblecast.telemetry.validate import normalize_frame
+
+    return Events(normalize_frame(frame), metas)
+
+
+def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload: Workload,
+              parts: np.ndarray) -> RunMeta:
+    model = config.model if isinstance(config.model, str) or config.model is None \
+        else workload.name
+    extra: dict[str, Any] = {
+        "workload": workload.to_json(),
+        "scenario": {**scenario.params(), **{"realised": draw.info}},
+        "sim": {"f_ms": config.f, "b_ms": config.b, "w_ms": config.w, "comm_ms": config.comm,
+                "seed": config.base_seed, "run_index": k, "model": model,
+                "steps": config.steps, "noise_sigma": float(draw.noise_sigma)},
+    }
+    if len(parts) > 1 and np.any(parts[1:] != parts[:-1]):
+        extra["partition_steps"] = _partition_steps(parts)
+    if draw.tokens is not None:
+        extra["tokens_model"] = {"mean_tokens": draw.info.get("mean_tokens", 1.0),
+                                 "quadratic_share": draw.info.get("quadratic_share", 0.0)}
+    return RunMeta(schedule=config.schedule, stages=config.stages,
+                   microbatches=config.microbatches, chunks=config.chunks,
+                   replicas=config.replicas, partition=parts[0].tolist(),
+                   source="bubblecast simulate", extra=extra)
