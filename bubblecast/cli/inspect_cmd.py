@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json
+from bubblecast.cli.common import emit_json, parse_int_list
 
 
 @app.command()
@@ -16,24 +16,31 @@ def inspect(
     format: str = typer.Option("auto", "--format",
                                help="auto, bubblecast, megatron-ops or kineto."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write a timeline PNG."),
-    perfetto: Path | None = typer.Option(None, "--perfetto", help="Write a Perfetto trace JSON."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write a PNG: schedule timeline of --steps and a stage x step "
+                             "idle heatmap."),
+    perfetto: Path | None = typer.Option(
+        None, "--perfetto", help="Write a Chrome/Perfetto trace JSON (one process per rank)."),
+    steps: str | None = typer.Option(
+        None, "--steps", help="Logged steps for --plot (default: the first) and --perfetto "
+                              "(default: all), comma-separated."),
     run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
 ) -> None:
     """Bubble fraction, structural vs dynamic bubbles, bottleneck stage and slow ranks."""
     from bubblecast.sim.accounting import inspect_summary
     from bubblecast.telemetry.importers import load_events
 
+    chosen = parse_int_list(steps, "--steps")
     events = load_events(file, format)
     summary = inspect_summary(events, run_id=run)
     if plot is not None:
         from bubblecast.sim.plots import plot_inspect
 
-        plot_inspect(events, summary, plot)
+        plot_inspect(events, summary, plot, steps=chosen)
     if perfetto is not None:
         from bubblecast.sim.perfetto import write_perfetto
 
-        write_perfetto(events, perfetto)
+        write_perfetto(events, perfetto, run_id=summary["run_id"], steps=chosen)
     if json_out:
         emit_json(summary)
     else:

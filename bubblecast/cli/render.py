@@ -8,21 +8,83 @@ from rich.console import Console
 from rich.table import Table
 
 
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def print_summary(summary: dict[str, Any]) -> None:
+    """``inspect`` without ``--json``: a short report, then per-stage and slow-rank tables."""
+    if "bubble_fraction" not in summary or "per_stage" not in summary:
+        return _print_generic(summary)
     console = Console()
-    scalars = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
-    for key, value in scalars.items():
-        console.print(f"[bold]{key}[/bold]: {value:.4f}" if isinstance(value, float)
-                      else f"[bold]{key}[/bold]: {value}")
+    s = summary
+    st = s.get("step_time_s") or {}
+    console.print(f"[bold]run[/bold] {s['run_id']}  schedule {s.get('schedule', '?')}  "
+                  f"{s['stages']} stages x {s['replicas']} replicas  "
+                  f"{s.get('microbatches', '?')} microbatches  {s['steps']} steps")
+    console.print(f"[bold]step time[/bold] median {_fmt(st.get('median'))} s, "
+                  f"p90 {_fmt(st.get('p90'))} s")
+    console.print(f"[bold]bubbles[/bold] {_pct(s['bubble_fraction'])} of rank time "
+                  f"(structural {_pct(s.get('structural_bubble_fraction'))}, "
+                  f"dynamic {_pct(s.get('dynamic_bubble_fraction'))})")
+    if s.get("structural_error"):
+        console.print(f"[yellow]structural replay failed:[/yellow] {s['structural_error']}")
+    console.print(f"[bold]bottleneck stage[/bold] {_fmt(s.get('bottleneck_stage'))}")
+    table = Table(title="per stage (summed over the run)")
+    for col in ("stage", "busy s", "idle s", "bubble"):
+        table.add_column(col, justify="right")
+    bottleneck = s.get("bottleneck_stage")
+    for row in s["per_stage"]:
+        style = "bold red" if row["stage"] == bottleneck else None
+        table.add_row(str(row["stage"]), _fmt(row["busy_s"], 3), _fmt(row["idle_s"], 3),
+                      _pct(row["bubble_fraction"]), style=style)
+    console.print(table)
+    details = s.get("slow_rank_details") or []
+    if not details:
+        console.print("[bold]slow ranks[/bold] none")
+        return
+    slow = Table(title="slow ranks")
+    for col in ("rank", "stage", "replica", "slowdown", "steps", "from", "to", "against"):
+        slow.add_column(col, justify="right")
+    for r in details:
+        slow.add_row(str(r["rank"]), str(r["stage"]), str(r["replica"]),
+                     f"{r['slowdown']:.2f}x", str(r["steps"]), str(r["first_step"]),
+                     str(r["last_step"]), r["against"])
+    console.print(slow)
+
+
+def print_whatif(result: dict[str, Any]) -> None:
+    """``whatif`` without ``--json``: replay fidelity and one row per scenario."""
+    console = Console()
+    r = result
+    console.print(f"[bold]run[/bold] {r.get('run_id', '?')}  {r.get('steps', '?')} steps  "
+                  f"bottleneck stage {_fmt(r.get('bottleneck_stage'))}  "
+                  f"slow ranks {r.get('slow_ranks') or 'none'}")
+    console.print(f"[bold]mean step[/bold] observed {_fmt(r['observed_step_s'])} s, "
+                  f"replayed {_fmt(r['replayed_step_s'])} s "
+                  f"(median error {_pct(r['replay_error'])})")
+    table = Table(title="what if")
+    for col in ("scenario", "step s", "speed-up"):
+        table.add_column(col, justify="right")
+    for name, sc in r["scenarios"].items():
+        speed = sc.get("speedup")
+        table.add_row(name, _fmt(sc.get("step_s")), "-" if speed is None else f"{speed:.3f}x")
+    console.print(table)
+
+
+def _print_generic(summary: dict[str, Any]) -> None:
+    console = Console()
     for key, value in summary.items():
-        if isinstance(value, dict):
+        if not isinstance(value, (list, dict)):
+            console.print(f"[bold]{key}[/bold]: {_fmt(value)}")
+        elif isinstance(value, dict):
             console.print(f"[bold]{key}[/bold]: " + ", ".join(
-                f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()))
-    rows = summary.get("per_stage") or []
-    if rows:
-        table = Table(title="per stage")
-        for col in rows[0]:
-            table.add_column(col, justify="right")
-        for row in rows:
-            table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row.values()])
-        console.print(table)
+                f"{k}={_fmt(v)}" for k, v in value.items()))

@@ -1,0 +1,36 @@
+"""``bubblecast whatif FILE``: replay a run and answer the SPEC §3 counterfactuals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json
+
+
+@app.command()
+def whatif(
+    file: Path = typer.Argument(..., help="Events file or directory (or another format)."),
+    format: str = typer.Option("auto", "--format",
+                               help="auto, bubblecast, megatron-ops or kineto."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
+    launch_delays: bool = typer.Option(
+        False, "--launch-delays",
+        help="Keep each op's observed unexplained start delay (host launch gaps) in the replay."),
+) -> None:
+    """Replay error, and step time when ideal, bottleneck fixed, slow ranks fixed, balanced."""
+    from bubblecast.sim.replay import ReplayConfig
+    from bubblecast.sim.whatif import whatif as run_whatif
+    from bubblecast.telemetry.importers import load_events
+
+    events = load_events(file, format)
+    result = run_whatif(events, run, config=ReplayConfig(launch_delays=launch_delays))
+    if json_out:
+        emit_json(result)
+    else:
+        from bubblecast.cli.render import print_whatif
+
+        print_whatif(result)
