@@ -23,7 +23,12 @@ class Events:
 
     @property
     def run_ids(self) -> list[str]:
-        return [str(r) for r in pd.unique(self.frame["run_id"].astype(str))]
+        run_id = self.frame["run_id"]
+        if isinstance(run_id.dtype, pd.CategoricalDtype):  # cheap: no per-row conversion
+            present = run_id.cat.remove_unused_categories()
+            codes = pd.unique(present.cat.codes.to_numpy())
+            return [str(present.cat.categories[c]) for c in codes]
+        return [str(r) for r in pd.unique(run_id.astype(str))]
 
     def __len__(self) -> int:
         return len(self.frame)

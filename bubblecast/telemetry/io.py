@@ -32,6 +32,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
