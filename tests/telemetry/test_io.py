@@ -87,3 +87,14 @@ def test_builder_fills_missing_optional_values():
           tokens=64)
     frame = b.build().frame
     assert pd.isna(frame["tokens"].iloc[0]) and frame["tokens"].iloc[1] == 64
+
+
+def test_optional_integer_columns_with_nulls_round_trip(tmp_path):
+    b = EventsBuilder()
+    b.add("r", step=0, rank=0, stage=0, op="F", microbatch=0, start_s=0.0, duration_s=1.0)
+    b.add("r", step=0, rank=0, stage=0, op="B", microbatch=0, start_s=1.0, duration_s=1.0,
+          tokens=64, layers=3)
+    back = read_events(write_events(b.build(), tmp_path / "n.parquet"))
+    assert str(back.frame["tokens"].dtype) == "Int64"
+    assert back.frame["tokens"].isna().tolist() == [True, False]
+    assert back.frame["layers"].iloc[1] == 3

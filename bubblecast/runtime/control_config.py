@@ -1,0 +1,113 @@
+"""Configuration of the closed-loop controller; no torch, so the CLI validates it up front."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+from bubblecast.policy.cost import MigrationConstants
+
+POLICY_NAMES = ("static", "reactive", "predictive")
+#: Runtime schedules the policies' pipeline model (bubblecast.sim) can time.
+CONTROLLABLE = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """How the controller decides.
+
+    ``every``: steps between decisions; ``model``: a model directory or ``models:/`` URI
+    served in process; ``service``: URL of a running ``bubblecast serve`` asked instead;
+    ``forecaster``: a ``module:factory`` import path (custom forecasters, tests); none of
+    them: the built-in trend forecaster. ``timeout_s``: deadline of a forecast or service
+    call. ``history``: steps kept on rank 0. ``layer_costs``: ``measured`` (median of each
+    layer's first ``cost_samples`` samples) or ``uniform``. ``policy_params``: keyword
+    arguments of the policy. ``bandwidth_Bps``, ``pause_s``, ``optimizer_factor``: the
+    migration-cost constants until the run has measured its own migrations (defaults: CPU,
+    gloo, Adam; ``benchmarks/results/migration.json``).
+    """
+
+    policy: str = "static"
+    every: int = 10
+    model: str | None = None
+    service: str | None = None
+    forecaster: str | None = None
+    timeout_s: float = 0.5
+    history: int = 512
+    layer_costs: str = "measured"
+    cost_samples: int = 5
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    bandwidth_Bps: float = 5e8
+    pause_s: float = 0.02
+    optimizer_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise BubblecastError(f"--policy: choose from {', '.join(POLICY_NAMES)}, "
+                                  f"got '{self.policy}'")
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
+            raise BubblecastError(f"--every: must be a positive integer, got {self.every!r}")
+        sources = [n for n in ("model", "service", "forecaster") if getattr(self, n)]
+        if len(sources) > 1:
+            raise BubblecastError(f"--{sources[1]}: give one of --model, --service, not both")
+        if sources and self.policy != "predictive":
+            raise BubblecastError(f"--{sources[0]}: only the predictive policy uses a "
+                                  f"forecaster (--policy is '{self.policy}')")
+        if self.service is not None and not self.service.startswith(("http://", "https://")):
+            raise BubblecastError(f"--service: expected an http(s):// URL, got '{self.service}'")
+        if not (np.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got {self.timeout_s}")
+        if not isinstance(self.history, int) or self.history < 16:
+            raise BubblecastError(f"history: must be an integer >= 16, got {self.history!r}")
+        if self.layer_costs not in ("measured", "uniform"):
+            raise BubblecastError(f"layer_costs: 'measured' or 'uniform', got "
+                                  f"'{self.layer_costs}'")
+        if not isinstance(self.cost_samples, int) or self.cost_samples < 1:
+            raise BubblecastError(f"cost_samples: must be >= 1, got {self.cost_samples!r}")
+        self.constants  # noqa: B018 - validates the migration constants
+        try:
+            make_policy(self)
+        except TypeError as exc:
+            raise BubblecastError(f"policy_params: {exc}") from None
+
+    @property
+    def constants(self) -> MigrationConstants:
+        return MigrationConstants(bandwidth_Bps=self.bandwidth_Bps, fixed_pause_s=self.pause_s,
+                                  optimizer_factor=self.optimizer_factor)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ControllerConfig:
+        return cls(**obj)
+
+
+def make_policy(config: ControllerConfig, forecaster: Any = None) -> Any:
+    """The policy object ``config`` names (the predictive one with ``forecaster``)."""
+    from bubblecast.policy.policies import PredictivePolicy, ReactivePolicy, StaticPolicy
+
+    params = dict(config.policy_params)
+    if config.policy == "static":
+        return StaticPolicy()
+    if config.policy == "reactive":
+        return ReactivePolicy(**params)
+    if forecaster is not None:
+        params["forecaster"] = forecaster
+    return PredictivePolicy(**params)
+
+
+def check_controllable(schedule: str, stages: int, microbatches: int, chunks: int,
+                       config: ControllerConfig) -> None:
+    """Refuse (one line) a plan the policy cannot model, before anything starts."""
+    if config.policy == "static":
+        return
+    if schedule not in CONTROLLABLE:
+        raise BubblecastError(f"--schedule: the {config.policy} policy models "
+                              f"{', '.join(CONTROLLABLE)}, not '{schedule}'")
+    from bubblecast.policy.pipeline import Pipeline
+
+    Pipeline(schedule, stages, microbatches, chunks)

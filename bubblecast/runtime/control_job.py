@@ -1,0 +1,83 @@
+"""Launching a controlled run here (``bubblecast run``, the live benchmark) and summarising it.
+
+:func:`launch_controlled` writes the job (train config, controller config, scripted actions)
+into a temporary directory beside ``out``, runs :mod:`.control_worker` under torchrun, and
+returns rank 0's summary plus derived figures; :func:`write_actions` writes the decisions and
+applied actions as one JSON document, atomically. No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bubblecast.runtime.config import TrainConfig
+from bubblecast.runtime.control_config import ControllerConfig
+
+WORKER = str(Path(__file__).resolve().with_name("control_worker.py"))
+Progress = Callable[[int, int, float | None], None]
+
+
+def launch_controlled(config: TrainConfig, control: ControllerConfig, out: str | Path, *,
+                      scripted: list[dict[str, Any]] | None = None,
+                      on_progress: Progress | None = None, timeout: float | None = None,
+                      ab_block: int = 0) -> dict[str, Any]:
+    """Run the job; rank 0's summary with :func:`derived` figures. RuntimeError (one line)
+    when training fails."""
+    from bubblecast.runtime.launch import failure_message, launch, write_job
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    job_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.run-", dir=out.parent))
+    try:
+        path = write_job(job_dir, config, out=str(out.resolve()), actions=scripted,
+                         progress=True)
+        job = json.loads(path.read_text())
+        job.update(control=control.to_json(), ab_block=int(ab_block))
+        path.write_text(json.dumps(job, indent=1))
+        code = launch(job_dir, config.stages, script=WORKER, on_progress=on_progress,
+                      timeout=timeout)
+        if code != 0:
+            raise RuntimeError(f"training failed ({failure_message(job_dir)})")
+        summary = json.loads((job_dir / "summary.json").read_text())
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    summary.update(derived(summary, config))
+    return summary
+
+
+def derived(summary: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """Throughput, actions taken, first action, control overhead and decision latency."""
+    wall, steps = float(summary["wall_s"]), int(summary["steps"])
+    moves = [a for a in summary["actions"] if a.get("ok") and a.get("from") != a.get("to")]
+    acted = [d for d in summary["decisions"] if d["action"]["action"] != "noop"]
+    lat = [float(d["latency_s"]) for d in summary["decisions"]]
+    control = max((float(c["control_s"]) for c in summary["control"]), default=0.0)
+    return {
+        "mean_step_s": wall / steps,
+        "throughput_steps_s": steps / wall if wall > 0 else None,
+        "throughput_samples_s": steps * config.batch_size / wall if wall > 0 else None,
+        "actions_taken": len(moves),
+        "first_action_step": acted[0]["step"] if acted else None,
+        "decisions_made": len(summary["decisions"]),
+        "decision_latency_s": {"mean": sum(lat) / len(lat) if lat else None,
+                               "max": max(lat) if lat else None},
+        "control_s": control,
+        "control_pct_of_wall": 100.0 * control / wall if wall > 0 else None,
+    }
+
+
+def write_actions(path: str | Path, summary: dict[str, Any], control: ControllerConfig,
+                  run_id: str) -> Path:
+    """The decisions (every one, NoOps included) and the actions applied, atomically."""
+    from bubblecast.telemetry.io import atomic_write_text
+
+    doc = {"run_id": run_id, "policy": control.policy, "every": control.every,
+           "forecaster": summary.get("forecaster"), "control": control.to_json(),
+           "decisions": summary["decisions"], "applied": summary["actions"],
+           "final_partition": summary["partition"]}
+    return atomic_write_text(path, json.dumps(doc, indent=1, default=float))

@@ -1,0 +1,121 @@
+"""Slowdown emulation: make one rank's compute ops slower, for machines without real stragglers.
+
+Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=value`` list.
+
+- Slowdown: ``rank=1,factor=2.0,start=100,ramp=50,end=400``: from step ``start`` (default 0)
+  until step ``end`` (exclusive, default never) every compute op of ``rank`` takes ``factor``
+  times its own measured time, the extra ramping in linearly over ``ramp`` steps (default 0).
+- Spike: ``rank=0,every=50,extra=0.2[,length=1][,start=0][,end=N]``: on ``length`` steps out
+  of every ``every`` (from ``start``), each compute op of ``rank`` takes ``1 + extra`` times
+  its measured time.
+
+The extra time is slept after the op (so the other ranks' cores are not stolen) and is part
+of the op's recorded duration; runs carry the spec in ``RunMeta.extra["emulated_slowdown"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bubblecast.errors import BubblecastError
+
+_SLOW_KEYS = {"rank", "factor", "start", "ramp", "end"}
+_SPIKE_KEYS = {"rank", "every", "extra", "length", "start", "end"}
+_INT_KEYS = {"rank", "start", "ramp", "end", "every", "length"}
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One slowdown or spike on one rank (see the module docstring)."""
+
+    rank: int
+    factor: float = 1.0
+    start: int = 0
+    ramp: int = 0
+    end: int | None = None
+    every: int | None = None
+    extra: float = 0.0
+    length: int = 1
+
+    @property
+    def kind(self) -> str:
+        return "spike" if self.every is not None else "slowdown"
+
+    def multiplier(self, step: int) -> float:
+        """Factor by which this injection stretches a compute op of ``step`` on its rank."""
+        if step < self.start or (self.end is not None and step >= self.end):
+            return 1.0
+        if self.every is not None:
+            return 1.0 + self.extra if (step - self.start) % self.every < self.length else 1.0
+        frac = 1.0 if self.ramp == 0 else min(1.0, (step - self.start + 1) / self.ramp)
+        return 1.0 + (self.factor - 1.0) * frac
+
+    def to_json(self) -> dict[str, Any]:
+        keys = _SPIKE_KEYS if self.every is not None else _SLOW_KEYS
+        return {"kind": self.kind, **{k: v for k, v in asdict(self).items() if k in keys}}
+
+
+def _number(key: str, raw: str, spec: str) -> int | float:
+    try:
+        return int(raw) if key in _INT_KEYS else float(raw)
+    except ValueError:
+        kind = "an integer" if key in _INT_KEYS else "a number"
+        raise BubblecastError(
+            f"--inject: '{key}' must be {kind}, got '{raw}' in '{spec}'") from None
+
+
+def _parse_one(spec: str) -> Injection:
+    fields: dict[str, Any] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if "=" not in item:
+            raise BubblecastError(f"--inject: expected key=value, got '{item}' in '{spec}'")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key not in _SLOW_KEYS | _SPIKE_KEYS:
+            raise BubblecastError(f"--inject: unknown key '{key}' in '{spec}' (keys: rank, "
+                                  "factor, start, ramp, end, every, extra, length)")
+        if key in fields:
+            raise BubblecastError(f"--inject: '{key}' given twice in '{spec}'")
+        fields[key] = _number(key, raw, spec)
+    if "rank" not in fields:
+        raise BubblecastError(f"--inject: 'rank' is required in '{spec}'")
+    spike = "every" in fields or "extra" in fields
+    allowed = _SPIKE_KEYS if spike else _SLOW_KEYS
+    stray = sorted(set(fields) - allowed)
+    if stray:
+        raise BubblecastError(f"--inject: '{stray[0]}' cannot be combined with "
+                              f"{'every/extra' if spike else 'factor'} in '{spec}'")
+    need = ("every", "extra") if spike else ("factor",)
+    for key in need:
+        if key not in fields:
+            raise BubblecastError(f"--inject: '{key}' is required in '{spec}'")
+    checks = [("rank", 0), ("start", 0), ("ramp", 0), ("every", 1), ("length", 1)]
+    for key, low in checks:
+        if key in fields and fields[key] < low:
+            raise BubblecastError(f"--inject: '{key}' must be >= {low}, got {fields[key]}")
+    if "factor" in fields and not 1.0 <= fields["factor"] <= 1000.0:
+        raise BubblecastError(f"--inject: 'factor' must be in [1, 1000] (sleep cannot speed "
+                              f"an op up), got {fields['factor']}")
+    if "extra" in fields and not 0.0 < fields["extra"] <= 1000.0:
+        raise BubblecastError(f"--inject: 'extra' must be in (0, 1000], got {fields['extra']}")
+    if "end" in fields and fields["end"] <= fields.get("start", 0):
+        raise BubblecastError(f"--inject: 'end' ({fields['end']}) must be after 'start' "
+                              f"({fields.get('start', 0)})")
+    return Injection(**fields)
+
+
+def parse_inject(text: str | None) -> list[Injection]:
+    """Parse an ``--inject`` string (specs separated by ``;``); raise one line if malformed."""
+    if text is None or not text.strip():
+        return []
+    return [_parse_one(spec.strip()) for spec in text.split(";") if spec.strip()]
+
+
+def multiplier(injections: list[Injection], rank: int, step: int) -> float:
+    """Combined stretch of a compute op on ``rank`` at ``step`` (1.0 when none applies)."""
+    total = 1.0
+    for inj in injections:
+        if inj.rank == rank:
+            total += inj.multiplier(step) - 1.0
+    return total

@@ -1,0 +1,311 @@
+"""The pipeline trainer: one process per rank, torch.distributed.pipelining underneath.
+
+A :class:`Trainer` owns the layers its rank holds under the current :class:`Plan`, an
+optimizer over them, the ``PipelineStage`` objects and the schedule. ``train_step`` runs one
+optimizer step; ``apply(action)`` changes the plan at a step boundary (layers migrate with
+their optimizer state, two-phase: see :mod:`bubblecast.runtime.transition`); ``run`` loops
+and offers a controller hook. Construct it after ``torch.distributed`` is initialised (e.g.
+by :func:`init_distributed` under torchrun) with a world size equal to the stage count.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bubblecast.errors import BubblecastError
+from bubblecast.policy.actions import Action, action_from_json, action_to_json
+from bubblecast.runtime import checkpoint
+from bubblecast.runtime.config import TrainConfig
+from bubblecast.runtime.migration import FaultHook, install_state
+from bubblecast.runtime.models import LayerModel, make_optimizer
+from bubblecast.runtime.plan import Plan
+from bubblecast.runtime.recorder import Recorder, merge_parts
+from bubblecast.telemetry.schema import RunMeta
+
+#: ``on_step_end(trainer, loss)`` runs on rank 0 and returns an action to broadcast, or None.
+StepCallback = Callable[["Trainer", "float | None"], "Action | dict | None"]
+
+
+def init_distributed(backend: str = "auto") -> str:
+    """Initialise the default process group from torchrun's environment; the backend used.
+
+    ``BUBBLECAST_DIST_TIMEOUT_S`` (seconds) bounds how long a collective waits for a peer.
+    """
+    if not dist.is_initialized():
+        from datetime import timedelta
+
+        timeout = os.environ.get("BUBBLECAST_DIST_TIMEOUT_S")
+        kwargs = {"timeout": timedelta(seconds=float(timeout))} if timeout else {}
+        if backend == "auto":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local \
+                else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend, **kwargs)
+    return dist.get_backend()
+
+
+def _device(group: Any) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_action(action: Action | dict | None, src: int = 0,
+                     group: Any = None) -> Action | None:
+    """Collective: every rank gets ``src``'s action (JSON form on the wire) or None."""
+    if isinstance(action, dict):
+        action = action_from_json(action)
+    box = [action_to_json(action) if action is not None else None]
+    dist.broadcast_object_list(box, src=src, group=group, device=_device(group))
+    return action_from_json(box[0]) if box[0] is not None else None
+
+
+def _label_for_profiler(stage: Any) -> None:
+    """Wrap a stage's F and B in ``PP:<stage><op><mb>`` record_function labels, as the
+    runtime schedules do, so Kineto traces of GPipe and 1F1B runs are importable too."""
+    from torch.profiler import record_function
+
+    index = stage.stage_index
+    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(mb: int, *args: Any, **kwargs: Any) -> Any:
+        with record_function(f"PP:{index}F{mb}"):
+            return fwd(mb, *args, **kwargs)
+
+    def backward_one_chunk(mb: int, *args: Any, **kwargs: Any) -> Any:
+        with record_function(f"PP:{index}B{mb}"):
+            return bwd(mb, *args, **kwargs)
+
+    stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+
+class Trainer:
+    """Pipeline-parallel training on this rank; see the module docstring.
+
+    ``model``: the layers, data and loss (default: the built-in model of ``config.model``;
+    a custom one must have ``config.model.layers`` layers). ``resume``: a checkpoint
+    directory (any partition) to start from. ``record``: record telemetry. ``fault_hook``
+    and ``test_drop_optimizer_state`` exist for tests only.
+    """
+
+    def __init__(self, config: TrainConfig, *, model: LayerModel | None = None,
+                 resume: str | None = None, record: bool = True, group: Any = None,
+                 device: torch.device | None = None) -> None:
+        if not dist.is_initialized():
+            raise BubblecastError("Trainer: torch.distributed is not initialised "
+                                  "(launch with torchrun or call init_distributed())")
+        self.config, self.group = config, group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.plan: Plan = config.plan
+        if self.world != self.plan.stages:
+            raise BubblecastError(f"--stages: {self.plan.stages} stages need {self.plan.stages} "
+                                  f"processes, this job has {self.world}")
+        self.device = device or _device(group)
+        self.spec = config.model
+        self.model = model or LayerModel.example(self.spec, config.seed)
+        if self.model.layers != self.spec.layers:
+            raise BubblecastError(f"--layers: the model has {self.model.layers} layers, the "
+                                  f"config says {self.spec.layers}")
+        self._loss = self.model.loss
+        self.step = 0
+        self.losses: dict[int, float] = {}
+        self.actions: list[dict[str, Any]] = []
+        self.fault_hook: FaultHook | None = None
+        self.test_drop_optimizer_state = False
+        self.max_microbatches, self.max_chunks = self.plan.microbatches, self.plan.chunks
+        self.initial_plan = self.plan
+        mine = self.plan.layers_of(self.rank)
+        if resume is None:
+            self.layers = {i: self.model.build(i).to(self.device) for i in mine}
+            self.optimizer = self.new_optimizer(self.layers)
+        else:
+            self._load(resume, mine)
+        box = [time.time()]
+        dist.broadcast_object_list(box, src=0, group=group, device=self.device)
+        self.recorder = Recorder(
+            run_id=config.run_id, rank=self.rank, stage=self.rank, origin_wall=float(box[0]),
+            meta_fn=self.run_meta, events_dir=config.events_dir, flush_every=config.flush_every,
+            layer_cost_every=config.layer_cost_every, record=record,
+            injections=config.injections, device=str(self.device))
+        self.stages, self.schedule = self.build_runtime(self.plan, self.layers)
+        self._attach()
+
+    # -- construction -------------------------------------------------------------------
+    def new_optimizer(self, layers: dict[int, nn.Module]) -> torch.optim.Optimizer:
+        params = [p for i in sorted(layers) for p in layers[i].parameters()]
+        c = self.config
+        return make_optimizer(c.optimizer, params, c.lr, c.momentum, c.weight_decay)
+
+    def build_runtime(self, plan: Plan, layers: dict[int, nn.Module]) -> tuple[list[Any], Any]:
+        """PipelineStage objects (chunk order) and the schedule for ``plan``; no communication."""
+        from torch.distributed.pipelining import PipelineStage, schedules
+
+        stages = [
+            PipelineStage(nn.Sequential(*[layers[i] for i in plan.layer_range(v)]), v,
+                          plan.virtual_stages, self.device, group=self.group)
+            for v in plan.vstages_of(self.rank)
+        ]
+        cls = getattr(schedules, plan.info.torch_class)
+        schedule = cls(stages if plan.info.multi else stages[0], plan.microbatches,
+                       loss_fn=self._loss, scale_grads=True)
+        return stages, schedule
+
+    def _attach(self) -> None:
+        if self.config.profile_dir and not self.plan.info.multi:
+            for stage in self.stages:
+                _label_for_profiler(stage)
+        chunk_layers = {c: {i: self.layers[i] for i in self.plan.layer_range(v)}
+                        for c, v in enumerate(self.plan.vstages_of(self.rank))}
+        self.recorder.attach(self.stages, chunk_layers)
+
+    def _load(self, path: str, mine: list[int]) -> None:
+        from dataclasses import asdict
+
+        meta = checkpoint.read_meta(path)
+        if meta.get("model") != asdict(self.spec):
+            raise BubblecastError(f"{path}: checkpoint model {meta.get('model')} differs from "
+                                  f"this run's {asdict(self.spec)}")
+        self.layers, states = {}, {}
+        for i in mine:
+            module_state, states[i] = checkpoint.load_layer(path, i)
+            layer = self.model.make_empty(i).to(self.device)
+            layer.load_state_dict(module_state)
+            self.layers[i] = layer
+        self.optimizer = self.new_optimizer(self.layers)
+        for i, layer in self.layers.items():
+            for pname, p in layer.named_parameters():
+                install_state(self.optimizer, p, states[i].get(pname, {}))
+        self.step = int(meta["step"])
+
+    # -- training -----------------------------------------------------------------------
+    def train_step(self) -> float | None:
+        """One optimizer step; the mean micro-batch loss on the rank holding the last stage."""
+        plan, step, c = self.plan, self.step, self.config
+        vstages = plan.vstages_of(self.rank)
+        first, last = 0 in vstages, plan.virtual_stages - 1 in vstages
+        x, y = self.model.batch(step, c.batch_size)
+        tokens = c.batch_size // plan.microbatches * self.model.tokens_per_sample
+        self.recorder.begin_step(step, tokens)
+        losses: list[torch.Tensor] | None = [] if last else None
+        args = (x.to(self.device),) if first else ()
+        self.schedule.step(*args, target=y.to(self.device) if last else None, losses=losses,
+                           return_outputs=False)
+        t0 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.recorder.record_optimizer(t0, time.perf_counter())
+        self.recorder.end_step()
+        self.step += 1
+        if losses is None:
+            return None
+        loss = sum(float(v.item()) for v in losses) / len(losses)
+        self.losses[step] = loss
+        return loss
+
+    def run(self, steps: int, *, on_step_end: StepCallback | None = None,
+            control_every: int = 0, progress: Callable[[int, float | None], None] | None = None
+            ) -> None:
+        """Train ``steps`` steps. Every ``control_every`` steps (0 = never; the same on every
+        rank) rank 0 calls ``on_step_end``; its action is broadcast and applied by all ranks
+        at that step boundary. ``progress(step, loss)`` is called locally after each step."""
+        for _ in range(steps):
+            loss = self.train_step()
+            if progress is not None:
+                progress(self.step, loss)
+            if control_every and self.step % control_every == 0:
+                action = on_step_end(self, loss) if (self.rank == 0 and on_step_end) else None
+                action = broadcast_action(action, group=self.group)
+                if action is not None:
+                    self.apply(action)
+
+    def apply(self, action: Action | dict) -> dict[str, Any]:
+        """Apply an action at this step boundary (collective); its record (``ok``, timing)."""
+        from bubblecast.runtime.transition import apply_action
+
+        if isinstance(action, dict):
+            action = action_from_json(action)
+        return apply_action(self, action)
+
+    def commit(self, plan: Plan, layers: dict[int, nn.Module], optimizer: torch.optim.Optimizer,
+               stages: list[Any], schedule: Any) -> None:
+        """Switch to a new plan (called by the transition once every rank voted yes)."""
+        self.plan, self.layers, self.optimizer = plan, layers, optimizer
+        self.stages, self.schedule = stages, schedule
+        self.max_microbatches = max(self.max_microbatches, plan.microbatches)
+        self.max_chunks = max(self.max_chunks, plan.chunks)
+        self._attach()
+
+    # -- state, checkpoints, telemetry --------------------------------------------------
+    def layer_state(self) -> dict[int, dict[str, torch.Tensor]]:
+        """CPU copies of the module state of the layers this rank holds."""
+        return {i: {k: v.detach().cpu().clone() for k, v in layer.state_dict().items()}
+                for i, layer in self.layers.items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: write a partition-independent checkpoint (resume with ``resume=``)."""
+        from dataclasses import asdict
+
+        meta = {"step": self.step, "model": asdict(self.spec), "seed": self.config.seed,
+                "optimizer": self.config.optimizer, "partition": list(self.plan.partition),
+                "schedule": self.plan.schedule, "layers": self.spec.layers}
+        checkpoint.save(path, self.layers, self.optimizer, meta, self.group)
+
+    def gather_losses(self) -> dict[int, float]:
+        """Collective: every step's loss, from whichever rank held the last stage then."""
+        boxes: list[Any] = [None] * self.world
+        dist.all_gather_object(boxes, self.losses, group=self.group)
+        out: dict[int, float] = {}
+        for part in boxes:
+            out.update(part)
+        return dict(sorted(out.items()))
+
+    def gather_layer_costs(self) -> list[dict[str, Any]]:
+        """Collective: every rank's per-layer cost samples so far, by (step, layer)."""
+        boxes: list[Any] = [None] * self.world
+        dist.all_gather_object(boxes, self.recorder.layer_costs, group=self.group)
+        return sorted((r for part in boxes for r in part), key=lambda r: (r["step"], r["layer"]))
+
+    def run_meta(self, layer_costs: list[dict[str, Any]] | None = None) -> RunMeta:
+        """SPEC run metadata: the initial plan, plus actions, emulation and layer costs."""
+        from dataclasses import asdict
+
+        init, c = self.initial_plan, self.config
+        extra: dict[str, Any] = {
+            "model": asdict(self.spec), "optimizer": c.optimizer, "lr": c.lr, "seed": c.seed,
+            "batch_size": c.batch_size, "actions": list(self.actions),
+            "torch_schedule": init.info.torch_class,
+        }
+        if c.inject:
+            extra["emulated_slowdown"] = {"spec": c.inject,
+                                          "injections": [i.to_json() for i in c.injections]}
+        if layer_costs is not None:
+            extra["layer_costs"] = {"every": c.layer_cost_every,
+                                    **{k: [r[k] for r in layer_costs] for k in
+                                       ("step", "layer", "rank", "forward_s", "total_s")}}
+        chunks = self.max_chunks
+        partition: list[int] | None = list(init.partition)
+        if len(partition) not in (init.stages, init.stages * chunks):
+            extra["initial_partition"], partition = partition, None
+        return RunMeta(schedule=init.schedule, stages=init.stages,
+                       microbatches=self.max_microbatches, chunks=chunks, replicas=1,
+                       partition=partition, source="bubblecast-runtime", extra=extra)
+
+    def close(self, out: str | None = None) -> int | None:
+        """Collective: flush telemetry; rank 0 merges the parts into ``out``; its row count."""
+        self.recorder.close()
+        costs = self.gather_layer_costs()
+        rows = None
+        if self.rank == 0 and out is not None and self.config.events_dir is not None:
+            rows = merge_parts(self.config.events_dir, out, self.config.run_id,
+                               self.run_meta(costs))
+        dist.barrier(group=self.group)
+        return rows

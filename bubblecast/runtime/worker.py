@@ -1,0 +1,109 @@
+"""Worker entry point: ``python -m torch.distributed.run ... -m bubblecast.runtime.worker JOB_DIR``.
+
+Runs the job in ``JOB_DIR/job.json`` (see :func:`bubblecast.runtime.launch.write_job`) on this
+rank: scripted actions before their steps, checkpoints, telemetry merged into ``out`` by
+rank 0, ``summary.json`` from rank 0. A failing rank writes ``error-rank{r}.txt`` (a one-line
+reason, then the traceback) and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bubblecast.runtime.config import TrainConfig
+from bubblecast.runtime.launch import PROGRESS_PREFIX
+
+PROFILE_STEPS = 4
+
+
+def run_job(job_dir: Path, job: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from bubblecast.runtime.trainer import Trainer, init_distributed
+
+    config = TrainConfig.from_json(job["config"])
+    if job.get("out") and config.events_dir is None:
+        config = replace(config, events_dir=str(job_dir / "parts"))
+    init_distributed(config.backend)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    trainer = Trainer(config, resume=job.get("resume"))
+    actions: dict[int, list[dict[str, Any]]] = {}
+    for item in job.get("actions", []):
+        actions.setdefault(int(item["step"]), []).append(item["action"])
+    checkpoints = {int(k): v for k, v in job.get("checkpoint_at", {}).items()}
+    show = bool(job.get("progress")) and trainer.rank == 0
+    start, end = trainer.step, trainer.step + config.steps
+    prof = _profiler(config, trainer.rank) if config.profile_dir else nullcontext()
+    t0 = time.perf_counter()
+    with prof:
+        while trainer.step < end:
+            step = trainer.step
+            for action in actions.get(step, []):
+                trainer.apply(action)
+            if step in checkpoints:
+                trainer.save_checkpoint(checkpoints[step])
+            loss = trainer.train_step()
+            if config.profile_dir and hasattr(prof, "step"):
+                prof.step()
+            if show:
+                shown = "-" if loss is None else f"{loss:.6g}"
+                print(f"{PROGRESS_PREFIX} {trainer.step - start} {config.steps} {shown}",
+                      flush=True)
+    wall = time.perf_counter() - t0
+    if end in checkpoints:
+        trainer.save_checkpoint(checkpoints[end])
+    losses = trainer.gather_losses()
+    rows = trainer.close(out=job.get("out"))
+    if trainer.rank == 0:
+        summary = {"rows": rows, "wall_s": wall, "steps": config.steps,
+                   "step_time_s": wall / config.steps, "losses": losses,
+                   "actions": trainer.actions, "partition": list(trainer.plan.partition),
+                   "schedule": trainer.plan.schedule, "microbatches": trainer.plan.microbatches}
+        (job_dir / "summary.json").write_text(json.dumps(summary))
+    dist.destroy_process_group()
+
+
+def _profiler(config: TrainConfig, rank: int) -> Any:
+    """torch.profiler over a few steps after the first; Kineto trace per rank."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    steps = max(1, min(PROFILE_STEPS, config.steps - 1))
+    out = Path(str(config.profile_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=1 if config.steps > 1 else 0, warmup=0,
+                                         active=steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m bubblecast.runtime.worker JOB_DIR", file=sys.stderr)
+        return 2
+    job_dir = Path(args[0])
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        run_job(job_dir, json.loads((job_dir / "job.json").read_text()))
+    except BaseException as exc:  # report, then fail this rank (torchrun stops the others)
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())
+        (job_dir / f"error-rank{rank}.txt").write_text(f"{line}\n{traceback.format_exc()}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

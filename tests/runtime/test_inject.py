@@ -1,0 +1,59 @@
+"""Slowdown-emulation specs: strict parsing and the per-step multiplier."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblecast.errors import BubblecastError
+from bubblecast.runtime.inject import multiplier, parse_inject
+
+
+def test_slowdown_ramp_and_end() -> None:
+    (inj,) = parse_inject("rank=1,factor=2.0,start=100,ramp=50,end=400")
+    assert inj.kind == "slowdown" and inj.rank == 1
+    assert inj.multiplier(99) == 1.0
+    assert inj.multiplier(100) == pytest.approx(1.0 + 1 / 50)
+    assert inj.multiplier(124) == pytest.approx(1.5)
+    assert inj.multiplier(149) == pytest.approx(2.0)
+    assert inj.multiplier(399) == pytest.approx(2.0)
+    assert inj.multiplier(400) == 1.0
+    assert inj.to_json() == {"kind": "slowdown", "rank": 1, "factor": 2.0, "start": 100,
+                             "ramp": 50, "end": 400}
+
+
+def test_spikes_and_combination() -> None:
+    specs = parse_inject("rank=0,every=50,extra=0.2; rank=0,factor=3,start=10,end=20")
+    assert [s.kind for s in specs] == ["spike", "slowdown"]
+    assert multiplier(specs, 0, 0) == pytest.approx(1.2)
+    assert multiplier(specs, 0, 1) == 1.0
+    assert multiplier(specs, 0, 50) == pytest.approx(1.2)
+    assert multiplier(specs, 0, 15) == pytest.approx(3.0)
+    assert multiplier(specs, 1, 50) == 1.0  # other ranks untouched
+    (wide,) = parse_inject("rank=0,every=10,extra=1,length=3,start=5")
+    assert [wide.multiplier(s) > 1 for s in (4, 5, 7, 8, 15)] == [False, True, True, False, True]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rank=1", "'factor' is required"),
+    ("factor=2", "'rank' is required"),
+    ("rank=1,factor=abc", "'factor' must be a number"),
+    ("rank=x,factor=2", "'rank' must be an integer"),
+    ("rank=1,factor=2,speed=3", "unknown key 'speed'"),
+    ("rank=1,factor=2,rank=0", "given twice"),
+    ("rank=1,factor=0.5", "sleep cannot speed"),
+    ("rank=1,factor=2,start=10,end=5", "must be after"),
+    ("rank=1,every=0,extra=0.2", "'every' must be >= 1"),
+    ("rank=1,every=5", "'extra' is required"),
+    ("rank=1,factor=2,every=5,extra=1", "cannot be combined"),
+    ("rank=1,factor", "expected key=value"),
+    ("rank=1 factor=2", "must be an integer"),
+    ("rank=-1,factor=2", "'rank' must be >= 0"),
+])
+def test_malformed_specs(text: str, message: str) -> None:
+    with pytest.raises(BubblecastError, match=message) as err:
+        parse_inject(text)
+    assert "\n" not in str(err.value)
+
+
+def test_empty_means_none() -> None:
+    assert parse_inject(None) == [] and parse_inject("  ") == []
