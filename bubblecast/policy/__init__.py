@@ -1,1 +1,14 @@
-"""Policy: turn forecasts into actions and evaluate policies offline."""
+"""Policy: turn forecasts into actions and evaluate policies offline.
+
+- :mod:`~bubblecast.policy.actions`: the action objects (shared with runtime and service);
+- :mod:`~bubblecast.policy.solver`: exact contiguous partition solver (min bottleneck);
+- :mod:`~bubblecast.policy.pipeline`: engine-scored step times of candidate partitions;
+- :mod:`~bubblecast.policy.cost`: migration cost model and measured constants;
+- :mod:`~bubblecast.policy.forecasting`: per-rank speed forecasts (built-in or trained model);
+- :mod:`~bubblecast.policy.policies`: static, reactive, predictive and oracle policies;
+- :mod:`~bubblecast.policy.rundata` / :mod:`~bubblecast.policy.replaydata`: a run's data
+  for counterfactual evaluation (ground truth, or replay-rescaled for logged runs);
+- :mod:`~bubblecast.policy.evaluate`: offline evaluation behind ``bubblecast policy-eval``.
+
+Submodules are imported where needed (nothing heavy loads with this package).
+"""

@@ -1,0 +1,217 @@
+"""Offline policy evaluation on a held-out scenario suite: static, reactive, predictive, oracle.
+
+Simulates runs (1F1B, 4 stages, 8 microbatches, 32 equal layers sized like the zero-bubble
+paper's 1.3B-class stage times, 0.6 ms p2p) for each scenario with seeds never used for
+training or tuning (90000 + k; tuning used ``--dev`` seeds 1000 + k), evaluates every policy with
+:func:`bubblecast.policy.evaluate.evaluate_events` and reports, per scenario, mean step time
+and the saving over static of each policy, the predictive policy's share of the oracle's gain,
+and the Done-means checks of issue 6:
+
+- predictive captures >= 90% of the oracle's gain over static, on average (ratio of summed
+  relative gains over every run where the oracle gains anything);
+- on throttle and ramped-failslow runs, predictive's saving over static >= 1.1 x reactive's;
+- on stationary runs (none, jitter) predictive is never > 1% slower than static.
+
+``failslow-ramped`` is the simulator's failslow with a gradual onset (a ``Scenario`` defined
+here: the simulator's own failslow ramps over 1-5 steps, which no forecaster can foresee).
+Migration: per-layer parameters of 40M bf16 values (80 MB; with Adam state 560 MB moved per
+layer) over 5 GB/s plus a 2 s pause per repartition (barrier, two-phase commit, rebuilding the
+stages and schedule); ``--sensitivity`` reruns throttle and failslow-ramped with other pauses.
+
+    python benchmarks/bench_policy.py [--steps 1500] [--seeds 4] [--dev] [--model DIR]
+                                      [--sensitivity 0.5,8]
+
+Prints a table and writes benchmarks/results/policy.json (``--dev``: policy_dev.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bubblecast.policy.cost import MigrationConstants
+from bubblecast.policy.evaluate import EvalConfig, evaluate_events
+from bubblecast.sim.scenarios import RunShape, Scenario, ScenarioDraw, make_scenario
+from bubblecast.sim.simulator import SimConfig, simulate_events
+from bubblecast.sim.workload import Workload
+from bubblecast.telemetry import atomic_write_text
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SCENARIOS = ("none", "jitter", "throttle", "failslow", "failslow-ramped", "periodic", "seqlen",
+             "mixed")
+POLICIES = ["static", "reactive", "predictive", "oracle"]
+LAYERS, STAGES, MICROBATCHES = 32, 4, 8
+F_MS, B_MS, W_MS, COMM_MS = 18.522, 18.086, 9.337, 0.601  # per stage (zero-bubble Table 5)
+PARAM_BYTES = 80e6
+MIGRATION = MigrationConstants(bandwidth_Bps=5e9, fixed_pause_s=2.0, optimizer_factor=6.0)
+
+
+@dataclass(frozen=True)
+class RampedFailSlow(Scenario):
+    """Fail-slow with a gradual onset: a rank's slowdown ramps to ``factor`` over ``ramp_min..
+    ramp_max`` steps, holds for ``duration_min..duration_max`` steps, then recovers as fast
+    as the simulator's failslow (1-5 steps)."""
+
+    name: ClassVar[str] = "failslow-ramped"
+    factor_min: float = 1.5
+    factor_max: float = 3.0
+    ramp_min: int = 30
+    ramp_max: int = 150
+    duration_min: int = 200
+    duration_max: int = 1000
+    noise_sigma: float = 0.01
+
+    def draw(self, shape: RunShape) -> ScenarioDraw:
+        rng = self.rng()
+        rank = int(rng.integers(0, shape.ranks))
+        onset = int(rng.integers(0, max(1, shape.steps // 2)))
+        ramp = int(rng.integers(self.ramp_min, self.ramp_max + 1))
+        duration = int(rng.integers(self.duration_min, self.duration_max + 1))
+        factor = float(rng.uniform(self.factor_min, self.factor_max))
+        recover = int(rng.integers(1, 6))
+        s = np.arange(shape.steps, dtype=np.float64)
+        up = np.clip((s - onset) / ramp, 0, 1)
+        down = np.clip((onset + ramp + duration + recover - s) / recover, 0, 1)
+        speed = np.ones((shape.steps, shape.ranks))
+        speed[:, rank] = 1.0 + (factor - 1.0) * np.minimum(up, down)
+        return ScenarioDraw(speed, self.noise_sigma, info={
+            "rank": rank, "onset": onset, "ramp": ramp, "duration": duration, "factor": factor})
+
+
+def scenario(name: str) -> Scenario | str:
+    if name == "failslow-ramped":
+        return RampedFailSlow()
+    make_scenario(name)  # validates the name
+    return name
+
+
+def workload() -> Workload:
+    base = Workload.uniform(LAYERS, F_MS, B_MS, W_MS, stages=STAGES)
+    return Workload(base.forward, base.backward, base.weight,
+                    param_bytes=np.full(LAYERS, PARAM_BYTES), name=f"uniform:{LAYERS}")
+
+
+def run_suite(steps: int, seeds: int, base_seed: int, model: Any | None,
+              scenarios: tuple[str, ...], migration: MigrationConstants = MIGRATION
+              ) -> dict[str, Any]:
+    config = EvalConfig(migration=migration)
+    out: dict[str, Any] = {}
+    for name in scenarios:
+        t0 = time.perf_counter()
+        ev = simulate_events(SimConfig(
+            schedule="1f1b", stages=STAGES, microbatches=MICROBATCHES, model=workload(),
+            comm=COMM_MS, steps=steps, scenario=scenario(name), seed=base_seed, runs=seeds,
+            run_id=name))
+        result, _ = evaluate_events(ev, POLICIES, config, model)
+        out[name] = {"runs": result["runs"], "policies": result["policies"],
+                     "forecaster": result["forecaster"], "seconds": time.perf_counter() - t0}
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+def checks(suite: dict[str, Any]) -> dict[str, Any]:
+    runs = [r for s in suite.values() for r in s["runs"].values()]
+    scored = [r for r in runs if r["oracle_gain"] is not None]
+    pred = sum(r["policies"]["predictive"]["gain_vs_static"] for r in scored)
+    orac = sum(r["oracle_gain"] for r in scored)
+    ratios = {}
+    for name in ("throttle", "failslow-ramped"):
+        if name not in suite:
+            continue
+        rs = suite[name]["runs"].values()
+        p = float(np.mean([r["policies"]["predictive"]["gain_vs_static"] for r in rs]))
+        q = float(np.mean([r["policies"]["reactive"]["gain_vs_static"] for r in rs]))
+        ratios[name] = {"predictive_saving": p, "reactive_saving": q,
+                        "ratio": p / q if q > 0 else None, "pass": bool(p >= 1.1 * q and p > 0)}
+    stationary = [r for n in ("none", "jitter") if n in suite for r in suite[n]["runs"].values()]
+    worst = max((r["policies"]["predictive"]["step_s"] / r["policies"]["static"]["step_s"] - 1
+                 for r in stationary), default=None)
+    share = pred / orac if orac > 0 else None
+    return {
+        "oracle_share": {"value": share, "runs": len(scored),
+                         "pass": bool(share is not None and share >= 0.9)},
+        "predictive_vs_reactive": ratios,
+        "stationary_worst_slowdown": {"value": worst,
+                                      "pass": bool(worst is not None and worst <= 0.01)},
+    }
+
+
+def print_table(suite: dict[str, Any], verdict: dict[str, Any]) -> None:
+    head = f"{'scenario':16} {'runs':>4} " + " ".join(f"{p + ' ms':>13}" for p in POLICIES)
+    head += f" {'react gain':>10} {'pred gain':>10} {'orac gain':>10} {'pred share':>10}"
+    print(head)
+    for name, s in suite.items():
+        pol = s["policies"]
+        rs = list(s["runs"].values())
+        gain = {p: float(np.mean([r["policies"][p]["gain_vs_static"] for r in rs]))
+                for p in ("reactive", "predictive", "oracle")}
+        share = pol["predictive"]["oracle_share"]
+        line = f"{name:16} {len(rs):>4} " + " ".join(
+            f"{pol[p]['step_s'] * 1e3:13.2f}" for p in POLICIES)
+        line += (f" {gain['reactive']:10.2%} {gain['predictive']:10.2%} {gain['oracle']:10.2%} "
+                 f"{'-' if share is None else f'{share:.1%}':>10}")
+        print(line)
+    print()
+    print(json.dumps(verdict, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--seeds", type=int, default=4, help="runs per scenario")
+    ap.add_argument("--dev", action="store_true", help="tuning seeds (1000+), not held-out")
+    ap.add_argument("--model", default=None, help="trained forecaster (dir or models:/ URI)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--sensitivity", default="0.5,8",
+                    help="other migration pauses (s) to rerun throttle and failslow-ramped at "
+                         "('' to skip)")
+    args = ap.parse_args()
+    model = None
+    if args.model:
+        from bubblecast.forecast.modeldir import load_model
+
+        model = load_model(args.model)
+    base_seed = 1000 if args.dev else 90000
+    names = tuple(s for s in args.scenarios.split(",") if s)
+    t0 = time.perf_counter()
+    suite = run_suite(args.steps, args.seeds, base_seed, model, names)
+    verdict = checks(suite)
+    print_table(suite, verdict)
+    sensitivity = {}
+    pauses = [float(x) for x in args.sensitivity.split(",") if x.strip()]
+    focus = tuple(n for n in ("throttle", "failslow-ramped") if n in names)
+    for pause in pauses:
+        print(f"\nmigration pause {pause} s (bandwidth {MIGRATION.bandwidth_Bps:.3g} B/s):")
+        other = replace(MIGRATION, fixed_pause_s=pause)
+        part = run_suite(args.steps, args.seeds, base_seed, model, focus, other)
+        sensitivity[str(pause)] = {"checks": checks(part)["predictive_vs_reactive"],
+                                   "policies": {n: s["policies"] for n, s in part.items()}}
+        print_table(part, sensitivity[str(pause)]["checks"])
+    doc = {"benchmark": "policy", "held_out": not args.dev, "base_seed": base_seed,
+           "steps": args.steps, "seeds": args.seeds, "model": args.model,
+           "setup": {"schedule": "1f1b", "stages": STAGES, "microbatches": MICROBATCHES,
+                     "layers": LAYERS, "f_ms": F_MS, "b_ms": B_MS, "w_ms": W_MS,
+                     "comm_ms": COMM_MS, "param_bytes_per_layer": PARAM_BYTES,
+                     "migration": MIGRATION.to_json()},
+           "checks": verdict, "sensitivity_fixed_pause_s": sensitivity,
+           "scenarios": {n: {"policies": s["policies"], "forecaster": s["forecaster"],
+                             "seconds": s["seconds"],
+                             "runs": {k: {"policies": r["policies"],
+                                          "oracle_gain": r["oracle_gain"]}
+                                      for k, r in s["runs"].items()}}
+                         for n, s in suite.items()},
+           "wall_s": time.perf_counter() - t0, "python": platform.python_version()}
+    target = RESULTS / ("policy_dev.json" if args.dev else "policy.json")
+    atomic_write_text(target, json.dumps(doc, indent=1, default=float))
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()

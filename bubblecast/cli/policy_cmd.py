@@ -1,0 +1,99 @@
+"""``bubblecast policy-eval RUNS...``: offline evaluation of repartitioning policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json
+
+
+@app.command("policy-eval")
+def policy_eval(
+    runs: list[Path] = typer.Argument(..., help="Events files or directories (any --format)."),
+    policies: str = typer.Option("static,reactive,predictive,oracle", "--policies",
+                                 help="Comma-separated: static, reactive, predictive, oracle."),
+    model: str | None = typer.Option(
+        None, "--model", help="Forecaster for the predictive policy: a model directory or a "
+        "models:/ URI. Default: the built-in robust trend extrapolation."),
+    migration: Path | None = typer.Option(
+        None, "--migration", help="JSON of migration constants (bandwidth_Bps, fixed_pause_s, "
+        "optimizer_factor) or of measured migrations {\"migrations\": [{seconds, bytes}]} "
+        "(also 'rows' or 'actions'). Default: fitted to the migrations a run records, else "
+        "built-in constants."),
+    param_bytes: float = typer.Option(
+        0.0, "--param-bytes", help="Parameter bytes per layer when the run gives none."),
+    memory_cap: float | None = typer.Option(
+        None, "--memory-cap", help="Bytes a rank may hold (parameters, optimizer state and "
+        "in-flight activations); partitions that exceed it are never chosen."),
+    layers_per_stage: int = typer.Option(
+        8, "--layers-per-stage", help="Layers assumed per stage for logged runs that say "
+        "nothing about layers."),
+    format: str = typer.Option("auto", "--format",
+                               help="auto, bubblecast, megatron-ops or kineto."),
+    run: list[str] | None = typer.Option(None, "--run", help="Only these run ids (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="PNG of step time over steps per policy, actions marked."),
+) -> None:
+    """Replay runs step by step under each policy and compare step times (counterfactual)."""
+    from bubblecast.errors import BubblecastError
+    from bubblecast.policy.cost import MigrationConstants
+    from bubblecast.policy.evaluate import EvalConfig, evaluate_events, plot_traces
+    from bubblecast.telemetry.events import Events
+    from bubblecast.telemetry.importers import load_events
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    constants = MigrationConstants.from_json(migration) if migration is not None \
+        else MigrationConstants()
+    config = EvalConfig(migration=constants, param_bytes=param_bytes,
+                        layers_per_stage=layers_per_stage, memory_cap=memory_cap,
+                        migration_from_runs=migration is None)
+    parts = []
+    seen: set[str] = set()
+    for path in runs:
+        ev = load_events(path, format)
+        clash = seen & set(ev.run_ids)
+        if clash:
+            raise BubblecastError(f"{path}: run id '{sorted(clash)[0]}' already read from an "
+                                  "earlier file; give each run once")
+        seen |= set(ev.run_ids)
+        parts.append(ev)
+    events = parts[0] if len(parts) == 1 else Events.concat(parts)
+    if run:
+        missing = [r for r in run if r not in seen]
+        if missing:
+            raise BubblecastError(f"--run: no run '{missing[0]}' (runs: "
+                                  f"{', '.join(sorted(seen)[:10])})")
+    fc = None
+    if model is not None and "predictive" in names:
+        from bubblecast.forecast.modeldir import load_model
+
+        fc = load_model(model)
+    result, traces = evaluate_events(events, names, config, fc, run_ids=run or None)
+    if plot is not None:
+        plot_traces(traces, plot)
+    if json_out:
+        emit_json(result)
+        return
+    _print(result, names)
+
+
+def _print(result: dict, names: list[str]) -> None:
+    def fmt(value: object, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    typer.echo(f"mode: {result['mode']}  ({len(result['runs'])} runs)")
+    typer.echo(f"note: {result['note']}")
+    if result.get("forecaster"):
+        typer.echo(f"predictive forecaster: {result['forecaster']}")
+    typer.echo(f"{'policy':12} {'step_s':>10} {'bubble':>8} {'speedup':>8} {'oracle%':>8} "
+               f"{'actions':>8} {'migration_s':>12}")
+    for name in names:
+        p = result["policies"][name]
+        share = None if p["oracle_share"] is None else 100 * p["oracle_share"]
+        typer.echo(f"{name:12} {p['step_s']:10.5f} {p['bubble_fraction']:8.4f} "
+                   f"{fmt(p['speedup_vs_static'], '8.4f')} {fmt(share, '8.1f')} "
+                   f"{p['actions']:8d} {p['migration_s']:12.3f}")

@@ -1,0 +1,306 @@
+"""Offline policy evaluation: replay each run step by step under each policy.
+
+For every run (:mod:`bubblecast.policy.rundata`) and policy: after each step the policy sees
+the observed per-rank speeds so far and its partition, and decides; a repartition applies from
+the next step, which also pays the migration pause. The partitions chosen per step then give
+counterfactual op times (ground truth, or replay-rescaled for logged runs), timed in one batch.
+Per policy: mean step time (migration included), bubble fraction, speed-up over static, share
+of the oracle's gain captured, actions taken and migration seconds paid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+from bubblecast.policy.actions import Repartition, action_to_json
+from bubblecast.policy.cost import MigrationConstants, MigrationCost, run_constants
+from bubblecast.policy.forecasting import TrendForecaster, model_forecaster
+from bubblecast.policy.policies import (
+    POLICIES,
+    OraclePolicy,
+    Policy,
+    PolicyState,
+    PredictivePolicy,
+    ReactivePolicy,
+    RunContext,
+    StaticPolicy,
+)
+from bubblecast.policy.rundata import RunData, load_run
+from bubblecast.telemetry.events import Events
+
+REQUIRED_KEYS: tuple[str, ...] = ("step_s", "bubble_fraction", "speedup_vs_static",
+                                  "oracle_share", "actions", "migration_s")
+BUILTIN_FORECASTER = ("built-in robust trend extrapolation (running-median smoothing, last "
+                      "linear segment by BIC segmentation, damped slope, level-shift reset, "
+                      "MAD quantiles)")
+
+
+@dataclass
+class EvalConfig:
+    """How to evaluate.
+
+    ``migration``: cost-model constants (e.g. :meth:`MigrationConstants.from_json` of what the
+    runtime measured); ``param_bytes``: parameter bytes per layer, used when the run's workload
+    gives none (or always, with ``override_bytes``); ``layers_per_stage``: layers assumed per
+    stage for logged runs that say nothing about layers; ``policy_params``: keyword overrides
+    per policy name (e.g. ``{"predictive": {"horizon": 64}}``); ``min_oracle_gain``: an oracle
+    gain below this fraction of the static step time makes ``oracle_share`` undefined (null);
+    ``memory_cap``: bytes a rank may hold, checked by every policy's solver against per-layer
+    parameters plus optimizer state plus activations of ``stages`` microbatches in flight (what
+    1F1B keeps on its first stage; a bound for the others); ``migration_from_runs``: a run
+    whose metadata records measured migrations (the runtime's ``actions``) uses constants
+    fitted to them instead of ``migration``.
+    """
+
+    migration: MigrationConstants = field(default_factory=MigrationConstants)
+    param_bytes: float = 0.0
+    override_bytes: bool = False
+    layers_per_stage: int = 8
+    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    min_oracle_gain: float = 0.002
+    memory_cap: float | None = None
+    migration_from_runs: bool = True
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.param_bytes) and self.param_bytes >= 0):
+            raise BubblecastError(f"param_bytes: must be >= 0, got {self.param_bytes}")
+        if self.memory_cap is not None and not self.memory_cap > 0:
+            raise BubblecastError(f"memory_cap: must be > 0 bytes, got {self.memory_cap}")
+        if self.layers_per_stage < 1:
+            raise BubblecastError(f"layers_per_stage: must be >= 1, got {self.layers_per_stage}")
+        unknown = [k for k in self.policy_params if k not in POLICIES]
+        if unknown:
+            raise BubblecastError(f"policy_params: unknown policy '{unknown[0]}'")
+
+
+@dataclass
+class PolicyTrace:
+    """One policy on one run: per-step partitions, pauses and times, and its actions."""
+
+    name: str
+    partitions: np.ndarray  # (T, V)
+    pause_s: np.ndarray  # (T,)
+    step_s: np.ndarray  # (T,) including the pause
+    idle_s: np.ndarray
+    cells_s: np.ndarray
+    actions: list[tuple[int, dict[str, Any]]]  # (step index it applies from, action JSON)
+
+    def summary(self) -> dict[str, Any]:
+        cells = float(self.cells_s.sum())
+        return {"step_s": float(self.step_s.mean()),
+                "bubble_fraction": float(self.idle_s.sum() / cells) if cells > 0 else 0.0,
+                "actions": len(self.actions), "migration_s": float(self.pause_s.sum())}
+
+
+def migration_model(run: RunData, config: EvalConfig) -> tuple[MigrationCost, str]:
+    """The run's migration-cost model and where its constants come from."""
+    pb = run.param_bytes
+    if config.override_bytes or not np.any(pb > 0):
+        pb = np.full(len(run.costs), float(config.param_bytes))
+    constants, source = config.migration, "configured"
+    if config.migration_from_runs:
+        measured = run_constants(run.extra, config.migration)
+        if measured is not None:
+            constants, source = measured, "fitted to the migrations the run records"
+    ranks = run.pipeline.stages if run.pipeline.chunks > 1 else None
+    return MigrationCost(pb, constants, ranks), source
+
+
+def layer_memory(run: RunData, migration: MigrationCost) -> np.ndarray:
+    """Bytes a layer occupies on its rank: parameters, optimizer state and the activations of
+    ``stages`` microbatches in flight."""
+    act = np.zeros(len(run.costs)) if run.activation_bytes is None else run.activation_bytes
+    return migration.layer_bytes + act * run.pipeline.stages
+
+
+def run_policy(run: RunData, policy: Policy, migration: MigrationCost,
+               memory_cap: float | None = None) -> PolicyTrace:
+    """Step ``policy`` through ``run`` and time the partitions it chose."""
+    T = len(run.steps)
+    memory = layer_memory(run, migration) if memory_cap is not None else None
+    history = run.history
+    current = tuple(run.initial)
+    parts = np.empty((T, len(current)), dtype=np.int64)
+    pause = np.zeros(T)
+    actions: list[tuple[int, dict[str, Any]]] = []
+    last: int | None = None
+
+    def state_at(t: int) -> PolicyState:
+        return PolicyState(t, history[: t + 1], current, run.costs, run.pipeline, migration, last,
+                           memory, memory_cap)
+
+    context = RunContext(T, tuple(run.initial), run.constant, history)
+    policy.reset(context, state_at(0))
+    for t in range(T):
+        parts[t] = current
+        if t == T - 1:
+            break
+        action = policy.decide(state_at(t))
+        if isinstance(action, Repartition) and tuple(action.partition) != current:
+            new = tuple(action.partition)
+            if len(new) != len(current) or sum(new) != len(run.costs):
+                raise BubblecastError(f"policy {policy.name}: partition {list(new)} does not "
+                                      f"fit {len(current)} stages and {len(run.costs)} layers")
+            pause[t + 1] = migration.seconds(current, new)
+            current, last = new, t
+            actions.append((t + 1, action_to_json(action)))
+        # SetMicrobatches / SetSchedule are not modelled offline (no policy here emits them).
+    out = run.outcome(parts)
+    return PolicyTrace(policy.name, parts, pause, out.step_s + pause, out.idle_s, out.cells_s,
+                       actions)
+
+
+def build_policy(name: str, run: RunData, config: EvalConfig, model: Any | None,
+                 events: Events | None) -> tuple[Policy, str | None]:
+    """The policy ``name`` for ``run``; for predictive, its forecaster and a note on it."""
+    params = dict(config.policy_params.get(name, {}))
+    if name == "static":
+        return StaticPolicy(), None
+    if name == "reactive":
+        return ReactivePolicy(**params), None
+    if name == "oracle":
+        return OraclePolicy(**params), None
+    if name != "predictive":
+        raise BubblecastError(f"--policies: unknown policy '{name}' (known: {', '.join(POLICIES)})")
+    if model is None:
+        return PredictivePolicy(forecaster=TrendForecaster(), **params), BUILTIN_FORECASTER
+    if events is None:
+        raise BubblecastError("a trained model needs the run's events to build features")
+    try:
+        fc = model_forecaster(model, events, run.run_id, run.steps, run.unit)
+    except BubblecastError as exc:
+        return (PredictivePolicy(forecaster=TrendForecaster(), **params),
+                f"model not usable on this run ({exc}); fell back to the {BUILTIN_FORECASTER}")
+    return PredictivePolicy(forecaster=fc, **params), f"trained model '{fc.name}'"
+
+
+def _compare(summary: dict[str, dict[str, Any]], config: EvalConfig) -> None:
+    """Add speedup_vs_static and oracle_share to each policy's summary (in place)."""
+    static = summary["static"]["step_s"]
+    oracle_gain = static - summary["oracle"]["step_s"] if "oracle" in summary else None
+    for s in summary.values():
+        s["speedup_vs_static"] = static / s["step_s"] if s["step_s"] > 0 else None
+        s["gain_vs_static"] = 1.0 - s["step_s"] / static if static > 0 else 0.0
+        ok = oracle_gain is not None and oracle_gain > config.min_oracle_gain * static
+        s["oracle_share"] = (static - s["step_s"]) / oracle_gain if ok else None
+
+
+def evaluate_run(run: RunData, names: list[str], config: EvalConfig | None = None,
+                 model: Any | None = None, events: Events | None = None
+                 ) -> tuple[dict[str, Any], dict[str, PolicyTrace]]:
+    """Evaluate ``names`` (static and oracle always run as references) on one run."""
+    config = config or EvalConfig()
+    migration, source = migration_model(run, config)
+    wanted = list(dict.fromkeys(["static", *names, "oracle"]))
+    traces, notes = {}, {}
+    for name in wanted:
+        policy, note = build_policy(name, run, config, model, events)
+        traces[name] = run_policy(run, policy, migration, config.memory_cap)
+        if note:
+            notes[name] = note
+    summary = {name: traces[name].summary() for name in wanted}
+    _compare(summary, config)
+    oracle_gain = summary["oracle"]["gain_vs_static"]
+    report = {"run_id": run.run_id, "mode": run.mode, "note": run.note, "steps": len(run.steps),
+              "forecaster": notes.get("predictive"),
+              "oracle_gain": oracle_gain if summary["oracle"]["oracle_share"] is not None
+              else None,
+              "migration": {**migration.constants.to_json(), "source": source},
+              "policies": {n: summary[n] for n in names}}
+    return report, {n: traces[n] for n in names}
+
+
+def aggregate(reports: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
+    """Across runs: means of step time, bubble and speed-up; oracle share as the ratio of the
+    summed relative gains (runs where the oracle gains nothing add nothing); totals of actions
+    and migration seconds."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        rows = [r["policies"][name] for r in reports]
+        scored = [r for r in reports if r["oracle_gain"] is not None]
+        gains = sum(r["policies"][name]["gain_vs_static"] for r in scored)
+        oracle = sum(r["oracle_gain"] for r in scored)
+        shares = [p["oracle_share"] for p in rows if p["oracle_share"] is not None]
+        out[name] = {
+            "step_s": float(np.mean([p["step_s"] for p in rows])),
+            "bubble_fraction": float(np.mean([p["bubble_fraction"] for p in rows])),
+            "speedup_vs_static": float(np.mean([p["speedup_vs_static"] for p in rows])),
+            "oracle_share": gains / oracle if oracle > 0 else None,
+            "oracle_share_mean": float(np.mean(shares)) if shares else None,
+            "actions": int(sum(p["actions"] for p in rows)),
+            "migration_s": float(sum(p["migration_s"] for p in rows)),
+            "runs": len(rows),
+        }
+    return out
+
+
+def evaluate_events(events: Events, names: list[str], config: EvalConfig | None = None,
+                    model: Any | None = None, run_ids: list[str] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, dict[str, PolicyTrace]]]:
+    """The ``policy-eval`` report over the runs of ``events`` and the per-run traces."""
+    config = config or EvalConfig()
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise BubblecastError(f"--policies: unknown policy '{bad[0]}' (known: "
+                              f"{', '.join(POLICIES)})")
+    if not names:
+        raise BubblecastError("--policies: name at least one policy")
+    reports, traces = [], {}
+    for run_id in run_ids or events.run_ids:
+        run = load_run(events, run_id, config.layers_per_stage)
+        report, tr = evaluate_run(run, names, config, model, events)
+        reports.append(report)
+        traces[run_id] = tr
+    modes = sorted({r["mode"] for r in reports})
+    notes = list(dict.fromkeys(r["note"] for r in reports))
+    fc = next((r["forecaster"] for r in reports if r["forecaster"]), None)
+    result = {"mode": modes[0] if len(modes) == 1 else "mixed", "note": " | ".join(notes),
+              "forecaster": fc, "migration": config.migration.to_json(),
+              "policies": aggregate(reports, names),
+              "runs": {r["run_id"]: r for r in reports}}
+    return result, traces
+
+
+def plot_traces(traces: dict[str, dict[str, PolicyTrace]], path: str | Path,
+                max_runs: int = 6) -> Path:
+    """Step time over steps per policy, one panel per run, actions marked; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bubblecast.telemetry.io import atomic_write
+
+    runs = list(traces)[:max_runs]
+    if not runs:
+        raise BubblecastError("--plot: no runs to plot")
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.8 * len(runs)), squeeze=False)
+    colors = {"static": "0.45", "reactive": "tab:orange", "predictive": "tab:blue",
+              "oracle": "tab:green"}
+    for ax, run_id in zip(axes[:, 0], runs, strict=True):
+        for name, tr in traces[run_id].items():
+            x = np.arange(len(tr.step_s))
+            ax.plot(x, tr.step_s, lw=0.9, label=name, color=colors.get(name))
+            if tr.actions:
+                at = np.array([a[0] for a in tr.actions])
+                ax.scatter(at, tr.step_s[at], marker="v", s=28, color=colors.get(name),
+                           zorder=3)
+        ax.set_title(f"{run_id}  (markers: repartitions)", fontsize=9)
+        ax.set_ylabel("step time (s)")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    target = Path(path)
+
+    def write(tmp: str) -> None:
+        fig.savefig(tmp, dpi=110, format=target.suffix.lstrip(".") or "png")
+
+    try:
+        return atomic_write(target, write)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,298 @@
+"""Per-rank speed forecasts for the predictive policy: quantiles p10/p50/p90 per horizon.
+
+A policy asks ``forecaster.forecast(state, horizons)`` for a ``(len(horizons), P, 3)`` array
+of per-rank speed (compute seconds per unit of layer cost, the partition-invariant signal).
+
+:class:`TrendForecaster` is the built-in forecaster used when no trained model is given:
+each rank's recent series, median-smoothed, is cut into linear segments (binary segmentation,
+BIC); the last segment's line is extrapolated (damped, only when significant and long enough),
+a level shift in the last few steps restarts from the newest value, and quantiles come from
+the residuals' median absolute deviation, widening with the horizon.
+:class:`ModelForecaster` wraps a trained :mod:`bubblecast.forecast` model: it builds the
+run's features once, predicts every origin in one call, and looks the forecasts up by step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+
+Z90 = 1.2815515655446004  # standard normal 0.9 quantile
+
+
+class SpeedForecaster(Protocol):
+    """What the predictive policy needs from a forecaster."""
+
+    name: str
+
+    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray: ...
+
+
+def _line_stats(y: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Cumulative sums for O(1) least-squares line fits of any prefix or suffix of ``y``."""
+    n = y.shape[0]
+    x = np.arange(n, dtype=np.float64)[:, None]
+    zero = np.zeros((1, y.shape[1]))
+    return tuple(np.vstack([zero, np.cumsum(v, axis=0)]) for v in
+                 (np.ones_like(y), np.broadcast_to(x, y.shape), y, np.broadcast_to(x * x, y.shape),
+                  x * y, y * y))
+
+
+def _fit(stats: tuple[np.ndarray, ...], lo: np.ndarray | int, hi: np.ndarray | int
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares line on rows ``[lo, hi)``: (slope, value at row hi-1, SSE, slope s.e.)."""
+    s, sx, sy, sxx, sxy, syy = (np.take_along_axis(c, np.atleast_2d(hi), 0)
+                                - np.take_along_axis(c, np.atleast_2d(lo), 0) for c in stats)
+    s = np.maximum(s, 1.0)  # empty ranges only occur in masked-out candidates
+    sxx_c = np.maximum(sxx - sx * sx / s, 1e-12)
+    sxy_c = sxy - sx * sy / s
+    slope = sxy_c / sxx_c
+    sse = np.maximum(syy - sy * sy / s - sxy_c * sxy_c / sxx_c, 0.0)
+    mean_x = sx / s
+    end = sy / s + slope * (np.asarray(hi, dtype=np.float64) - 1 - mean_x)
+    se = np.sqrt(sse / np.maximum(s - 2, 1) / sxx_c)
+    return slope, end, sse, se
+
+
+@dataclass
+class TrendForecaster:
+    """Robust piecewise-linear trend extrapolation of each rank's speed (the built-in baseline).
+
+    Per rank, over the last ``trend_window`` steps smoothed by a running median of ``smooth``
+    steps (which removes isolated spikes): one least-squares line, or two lines split at the
+    best breakpoint when that explains the series clearly better (BIC). The forecast
+    continues the last segment: its end value plus its slope, kept only when significant
+    (``t_min`` standard errors) and damped by ``damping`` per step. A level shift in the last
+    ``reset`` raw steps (all beyond ``band_z`` robust deviations, same side) restarts from
+    them with no trend. Quantiles come from the residuals' median absolute deviation, widened
+    with the horizon and the slope's uncertainty.
+    """
+
+    trend_window: int = 64
+    smooth: int = 5
+    min_segment: int = 6
+    min_trend: int = 16
+    damping: float = 0.98
+    t_min: float = 3.0
+    reset: int = 3
+    band_z: float = 5.0
+    max_breaks: int = 4
+    level_window: int = 32
+    penalty: float = 10.0
+    name: str = "trend"
+
+    def __post_init__(self) -> None:
+        if self.trend_window < 2 * self.min_segment or self.min_segment < 3:
+            raise BubblecastError("TrendForecaster: need 3 <= min_segment <= trend_window / 2")
+        if self.smooth < 1 or self.smooth % 2 == 0:
+            raise BubblecastError("TrendForecaster.smooth: must be an odd number >= 1")
+        if not 0.0 < self.damping <= 1.0:
+            raise BubblecastError(f"TrendForecaster.damping: must be in (0, 1], got {self.damping}")
+        if self.reset < 1:
+            raise BubblecastError("TrendForecaster.reset: must be >= 1")
+
+    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
+        return self.forecast_history(np.asarray(state.history, dtype=np.float64), horizons)
+
+    def _clean(self, raw: np.ndarray) -> np.ndarray:
+        """``raw`` with isolated spikes clipped to the running median (``smooth`` steps) plus or
+        minus 3 noise deviations (estimated from first differences, which level shifts and
+        trends barely affect): keeps the noise independent for the segment fits."""
+        if self.smooth <= 1 or raw.shape[0] < self.smooth:
+            return raw
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        half = self.smooth // 2
+        padded = np.pad(raw, ((half, half), (0, 0)), mode="edge")
+        med = np.median(sliding_window_view(padded, self.smooth, axis=0), axis=2)
+        diff = np.diff(raw, axis=0)
+        sig = 1.4826 * np.median(np.abs(diff - np.median(diff, axis=0)), axis=0) / np.sqrt(2)
+        sig = np.maximum(sig, 1e-9 * np.abs(med).mean(axis=0))
+        return np.clip(raw, med - 3 * sig, med + 3 * sig)
+
+    def _last_segment(self, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per column: start row of the last linear segment (binary segmentation from the
+        right, each split kept when BIC prefers two lines) and its line (slope, end value,
+        slope s.e.)."""
+        n, p = y.shape
+        m = self.min_segment
+        stats = _line_stats(y)
+        cols = np.arange(p)
+        start = np.zeros(p, dtype=np.int64)
+        end = np.full(p, n, dtype=np.int64)
+        floor = 1e-12 * np.maximum(np.abs(y).mean(axis=0), 1e-12) ** 2 * n
+        cuts = np.arange(m, n - m + 1)
+        for _ in range(self.max_breaks):
+            active = n - start >= 2 * m
+            if not active.any():
+                break
+            a = np.broadcast_to(start[None, :], (len(cuts), p))
+            c = np.broadcast_to(cuts[:, None], (len(cuts), p))
+            ok = c >= a + m
+            pre = _fit(stats, a, np.where(ok, c, a + m))
+            post = _fit(stats, np.where(ok, c, a + m), np.full_like(c, n))
+            total = np.where(ok, pre[2] + post[2], np.inf)
+            best = np.argmin(total, axis=0)
+            one = _fit(stats, start[None, :], end[None, :])
+            k = (n - start).astype(np.float64)
+            bic1 = k * np.log((one[2][0] + floor) / k) + 2 * np.log(k)
+            bic2 = k * np.log((total[best, cols] + floor) / k) + 5 * np.log(k)
+            split = active & (bic2 < bic1 - self.penalty)
+            if not split.any():
+                break
+            start = np.where(split, cuts[best], start)
+        slope, level, _, se = (v[0] for v in _fit(stats, start[None, :], end[None, :]))
+        return start, slope, level, se
+
+    def forecast_history(self, history: np.ndarray, horizons: np.ndarray) -> np.ndarray:
+        """Quantiles ``(H, P, 3)`` from a ``(t, P)`` history (oldest first)."""
+        hz = np.asarray(horizons, dtype=np.float64)[:, None]
+        raw = np.atleast_2d(np.asarray(history, dtype=np.float64))[-self.trend_window:]
+        if raw.shape[0] == 0:
+            raise BubblecastError("forecast: no history to forecast from")
+        total, p = raw.shape
+        y = self._clean(raw)
+        n = total
+        slope, se, shown = np.zeros(p), np.zeros(p), np.zeros(p)
+        first = np.zeros(p, dtype=np.int64)  # first raw row of the last segment
+        level = np.median(raw[-(2 * self.reset + 1):], axis=0)
+        if n >= 2 * self.min_segment:
+            start, line_slope, end, line_se = self._last_segment(y)
+            first = start
+            seg_len = n - start
+            trend = (seg_len >= self.min_trend) & (np.abs(line_slope) > self.t_min * line_se)
+            slope = np.where(trend, line_slope, 0.0)
+            se = np.where(trend, line_se, 0.0)
+            shown = np.abs(slope) * (seg_len - 1)  # never extrapolate more than was seen
+            level_trend = end
+            recent = np.clip(total - first, 1, self.level_window)
+            level_flat = np.array([np.median(raw[-recent[j]:, j]) for j in range(p)])
+            level = np.where(trend, level_trend, level_flat)
+        rows = np.arange(total)[:, None]
+        fitted = level[None, :] + slope[None, :] * (rows - total + 1)
+        resid = np.where(rows >= first[None, :], np.abs(raw - fitted), np.nan)
+        sigma = 1.4826 * np.nanmedian(resid, axis=0)
+        sigma = np.maximum(sigma, 1e-3 * np.abs(level))
+        jump, jump_level, jump_sigma = self._jump(raw)
+        level = np.where(jump, jump_level, level)
+        sigma = np.where(jump, jump_sigma * np.abs(jump_level), sigma)  # noise is relative
+        slope = np.where(jump, 0.0, slope)
+        se = np.where(jump, 0.0, se)
+        d = self.damping
+        travel = hz if d >= 1.0 else (1.0 - d**hz) / (1.0 - d)
+        change = np.clip(slope[None, :] * travel, -shown[None, :], shown[None, :])
+        p50 = np.maximum(level[None, :] + change, 1e-3 * np.maximum(np.abs(level), 1e-12))
+        width = Z90 * (sigma[None, :] * np.sqrt(1.0 + hz / self.trend_window) + se * travel)
+        return np.stack([np.maximum(p50 - width, 0.0), p50, p50 + width], axis=2)
+
+    def _jump(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ranks whose last ``reset`` steps all left the band of the steps before them (same
+        side), the latest value to restart from and the relative noise before the shift."""
+        k = self.reset
+        before = raw[-(k + 16):-k]
+        if len(before) < 4:
+            return np.zeros(raw.shape[1], dtype=bool), raw[-1], np.zeros(raw.shape[1])
+        ref = np.median(before, axis=0)
+        sig = np.maximum(1.4826 * np.median(np.abs(before - ref), axis=0), 1e-3 * np.abs(ref))
+        tail = raw[-k:]
+        jump = (np.all(tail > ref + self.band_z * sig, axis=0)
+                | np.all(tail < ref - self.band_z * sig, axis=0))
+        return jump, raw[-1], sig / np.maximum(np.abs(ref), 1e-12)
+
+
+@dataclass
+class ModelForecaster:
+    """Forecasts of a trained :mod:`bubblecast.forecast` model, precomputed for one run.
+
+    ``table[i]`` holds the ``(H_model, P, 3)`` quantiles made at origin step index ``i`` (NaN
+    where the model had no features yet); those origins fall back to ``fallback``. Forecasts
+    are interpolated between the model's horizons and held flat beyond the last one.
+    """
+
+    horizons_model: np.ndarray
+    table: np.ndarray
+    fallback: TrendForecaster
+    name: str = "model"
+
+    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
+        hz = np.asarray(horizons, dtype=np.float64)
+        t = int(state.t)
+        if t >= len(self.table) or not np.all(np.isfinite(self.table[t])):
+            return self.fallback.forecast(state, hz)
+        q = self.table[t]  # (Hm, P, 3)
+        hm = self.horizons_model.astype(np.float64)
+        idx = np.clip(np.searchsorted(hm, hz), 1, len(hm) - 1) if len(hm) > 1 else None
+        if idx is None:
+            return np.repeat(q[:1], len(hz), axis=0)
+        lo, hi = hm[idx - 1], hm[idx]
+        frac = np.clip((hz - lo) / (hi - lo), 0.0, 1.0)[:, None, None]
+        out = q[idx - 1] * (1 - frac) + q[idx] * frac
+        return np.sort(out, axis=2)
+
+
+def model_forecaster(model: Any, events: Any, run_id: str, steps: np.ndarray,
+                     unit: np.ndarray, fallback: TrendForecaster | None = None
+                     ) -> ModelForecaster:
+    """Precompute ``model``'s forecasts for every origin of one run.
+
+    ``steps`` are the run's step numbers in order and ``unit`` the ``(T, D, P)`` observed
+    per-rank speeds the policy works in; the model's delay signal is rescaled to that unit by
+    the median ratio over the run's rows (the two differ only by the work unit), and the
+    replicas are reduced by their maximum (the slowest replica paces the step).
+    """
+    from bubblecast.dataset import DatasetConfig, build_dataset
+
+    horizons = [int(h) for h in getattr(model, "horizons_", [1, 5, 10])]
+    # The features must be built as for training: use the config the model carries, if any.
+    config = getattr(model, "dataset_config_", None) \
+        or (getattr(model, "metadata_", None) or {}).get("dataset_config")
+    if isinstance(config, dict):
+        try:
+            config = DatasetConfig(**config)
+        except (TypeError, ValueError):
+            config = None
+    if not isinstance(config, DatasetConfig):
+        config = DatasetConfig(horizons=tuple(horizons))
+    try:
+        frame, _ = build_dataset(events.run(run_id) if len(events.run_ids) > 1 else events,
+                                 config)
+        pred = model.predict(frame, horizons)
+    except (BubblecastError, ValueError, KeyError) as exc:
+        raise BubblecastError(f"run '{run_id}': cannot forecast with the model: {exc}") from None
+    t_index = {int(s): i for i, s in enumerate(steps)}
+    T, D, P = unit.shape
+    table = np.full((T, len(horizons), D, P, 3), np.nan)
+    ti = pred["step"].map(t_index).to_numpy()
+    ok = ~np.isnan(ti.astype(np.float64))
+    pred = pred.loc[ok]
+    ti = ti[ok].astype(np.int64)
+    hi = np.searchsorted(np.array(horizons), pred["horizon"].to_numpy())
+    rep = pred["replica"].to_numpy(np.int64)
+    stg = pred["stage"].to_numpy(np.int64)
+    q = pred[["p10", "p50", "p90"]].to_numpy(np.float64)
+    table[ti, hi, rep, stg] = q
+    # Rescale the model's unit to the policy's: compare the signal at the origin with ours.
+    if "y" in frame.columns:
+        fy = frame[["step", "replica", "stage", "y"]].copy()
+        fy["ti"] = fy["step"].map(t_index)
+        fy = fy.dropna(subset=["ti"])
+        ours = unit[fy["ti"].to_numpy(np.int64), fy["replica"].to_numpy(np.int64),
+                    fy["stage"].to_numpy(np.int64)]
+        theirs = fy["y"].to_numpy(np.float64)
+        good = np.isfinite(ours) & np.isfinite(theirs) & (theirs > 0)
+        scale = float(np.median(ours[good] / theirs[good])) if good.any() else 1.0
+    else:
+        scale = 1.0
+    if D > 1:
+        with warnings.catch_warnings():  # origins without forecasts stay NaN (fallback)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            table = np.nanmax(table, axis=2) * scale
+    else:
+        table = table[:, :, 0] * scale
+    return ModelForecaster(np.array(horizons), table, fallback or TrendForecaster(),
+                           name=getattr(model, "kind", "model"))
