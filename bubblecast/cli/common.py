@@ -33,4 +33,6 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise BubblecastError(f"{option}: expected comma-separated integers, got '{text}'") from None
+        raise BubblecastError(
+            f"{option}: expected comma-separated integers, got '{text}'"
+        ) from None

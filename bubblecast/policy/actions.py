@@ -71,7 +71,8 @@ def action_from_json(obj: dict[str, Any]) -> Action:
         raise BubblecastError("action: expected an object with an 'action' field")
     cls = _KINDS.get(obj["action"])
     if cls is None:
-        raise BubblecastError(f"action: unknown kind {obj['action']!r} (known: {', '.join(_KINDS)})")
+        known = ", ".join(_KINDS)
+        raise BubblecastError(f"action: unknown kind {obj['action']!r} (known: {known})")
     fields = {k: v for k, v in obj.items() if k != "action"}
     try:
         return cls(**fields)

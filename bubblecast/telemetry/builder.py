@@ -44,7 +44,7 @@ class EventsBuilder:
         for col, value in optional.items():
             self._extra.setdefault(col, [None] * self._n).append(value)
         self._n += 1
-        for col, values in self._extra.items():
+        for values in self._extra.values():
             if len(values) < self._n:
                 values.append(None)
         return self

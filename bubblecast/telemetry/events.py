@@ -41,7 +41,8 @@ class Events:
     def by_run(self) -> Iterator[tuple[str, Events]]:
         """Yield ``(run_id, events)`` per run, in order of first appearance."""
         for run_id, part in self.frame.groupby("run_id", sort=False, observed=True):
-            yield str(run_id), Events(part.reset_index(drop=True), {str(run_id): self.runs[str(run_id)]})
+            rid = str(run_id)
+            yield rid, Events(part.reset_index(drop=True), {rid: self.runs[rid]})
 
     def compute(self) -> pd.DataFrame:
         """Rows of compute ops (F, B, W) only."""

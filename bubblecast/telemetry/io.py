@@ -1,4 +1,4 @@
-"""Parquet I/O for ``events``: files or directories, metadata in the key-value store, atomic writes."""
+"""Parquet I/O for ``events``: files or directories, run metadata, atomic writes."""
 
 from __future__ import annotations
 

@@ -67,10 +67,12 @@ class RunMeta:
         for name in ("stages", "microbatches", "chunks", "replicas"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"run metadata: '{name}' must be a positive integer, got {value!r}")
+                raise ValueError(
+                    f"run metadata: '{name}' must be a positive integer, got {value!r}"
+                )
         if self.partition is not None:
             self.partition = [int(x) for x in self.partition]
-            if len(self.partition) != self.stages * self.chunks and len(self.partition) != self.stages:
+            if len(self.partition) not in (self.stages * self.chunks, self.stages):
                 raise ValueError(
                     f"run metadata: 'partition' has {len(self.partition)} entries "
                     f"for {self.stages} stages"

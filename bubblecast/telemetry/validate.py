@@ -98,7 +98,8 @@ def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -
         values = frame[col].to_numpy(dtype=np.float64)
         bad = ~np.isfinite(values)
         if bad.any():
-            raise SchemaError(source, col, _first(bad), f"value {values[_first(bad)]} is not finite")
+            row = _first(bad)
+            raise SchemaError(source, col, row, f"value {values[row]} is not finite")
     dur = frame["duration_s"].to_numpy(dtype=np.float64)
     if (dur < 0).any():
         row = _first(dur < 0)
@@ -112,7 +113,8 @@ def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -
     unknown = ~op.isin(OPS).to_numpy()
     if unknown.any():
         row = _first(unknown)
-        raise SchemaError(source, "op", row, f"unknown op {op.iloc[row]!r} (known: {', '.join(OPS)})")
+        known = ", ".join(OPS)
+        raise SchemaError(source, "op", row, f"unknown op {op.iloc[row]!r} (known: {known})")
 
     frame = normalize_frame(frame)
     run_cat = frame["run_id"].cat
@@ -169,7 +171,7 @@ def _check_duplicates(frame: pd.DataFrame, source: str) -> None:
     spans = [int(k.max()) + 2 if k.size else 1 for k in keys]
     if sum(int(s - 1).bit_length() for s in spans) <= 63:
         packed = np.zeros(rows.size, dtype=np.int64)
-        for k, span in zip(keys, spans):
+        for k, span in zip(keys, spans, strict=True):
             packed = packed * span + (k + 1)
         order = np.argsort(packed, kind="stable")
         sorted_packed = packed[order]
