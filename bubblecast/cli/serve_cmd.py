@@ -1,0 +1,57 @@
+"""``bubblecast serve``: the prediction service over HTTP (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(..., "--model", help="Model directory or models:/NAME@ALIAS."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback default)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port."),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="File holding the bearer token every request must carry."),
+    max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes",
+                                       help="Larger request bodies get 413."),
+    watch_interval: float = typer.Option(
+        10.0, "--watch-interval", help="Seconds between checks that the alias (or the model "
+        "directory) moved; 0 disables the watch."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri",
+                                            help="MLflow tracking URI for models:/ URIs."),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Serve forecasts and recommended actions; OpenAPI at /openapi.json."""
+    import sys
+
+    from bubblecast.errors import BubblecastError
+    from bubblecast.serve.app import ServeConfig, create_app
+    from bubblecast.serve.predictor import Predictor
+
+    token = None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise BubblecastError(f"--token-file {token_file}: {exc.strerror}") from None
+    if max_body_bytes < 1024:
+        raise BubblecastError(f"--max-body-bytes: must be >= 1024, got {max_body_bytes}")
+    if watch_interval < 0:
+        raise BubblecastError(f"--watch-interval: must be >= 0, got {watch_interval}")
+    config = ServeConfig(token=token, max_body_bytes=max_body_bytes,
+                         watch_interval_s=watch_interval or None)
+    if host not in _LOOPBACK and token is None:
+        print(f"bubblecast: warning: serving on {host} without --token-file", file=sys.stderr)
+    predictor = Predictor.from_source(model, tracking_uri=tracking_uri)
+    import uvicorn
+
+    print(f"bubblecast: serving {predictor.info.name} version {predictor.info.version} on "
+          f"http://{host}:{port}", file=sys.stderr)
+    uvicorn.run(create_app(predictor, source=model, config=config), host=host, port=port,
+                log_level=log_level, access_log=False, server_header=False)

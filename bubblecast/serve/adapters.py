@@ -1,0 +1,213 @@
+"""Serve a trained ``bubblecast.forecast`` model from a raw window of recent steps.
+
+Forecasters read a features frame (``bubblecast.dataset``). :class:`FeatureModel` turns a
+request's :class:`~bubblecast.serve.model.Window` into the same step series the dataset builder
+makes from events (one row per stage and step: compute seconds, layer cost held, load, delay
+signal), appends ``max(horizons)`` empty future steps (carrying only the tokens known ahead),
+runs the dataset's own :func:`~bubblecast.dataset.features.build_features` and predicts from
+the origin row of each stage. Features never look ahead (the dataset stage tests that), so the
+padding changes nothing but the known-ahead inputs. That exact path costs tens of milliseconds;
+with ``fast=True`` (default) and a model whose inputs :mod:`bubblecast.serve.features`
+computes, the origin row comes from numpy instead (about a millisecond), fed to the model's own
+``predict_signal``. The fast path is used only if, when the model loads, it reproduces the
+exact path's input columns and forecasts on probe windows; otherwise the service logs a
+warning and stays exact (``/v1/model`` reports which: ``feature_path``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+from bubblecast.serve.model import Window
+
+RUN_ID = "live"
+log = logging.getLogger("bubblecast.serve")
+
+
+def window_series(window: Window, pad: int) -> Any:
+    """The step-series frame (``bubblecast.dataset.series`` columns) of ``window`` plus
+    ``pad`` future steps with unknown compute."""
+    import pandas as pd
+
+    t, p = window.compute.shape
+    n = t + pad
+    compute = np.full((n, p), np.nan)
+    compute[:t] = window.compute
+    cost = np.vstack([window.cost, np.repeat(window.cost[-1:], pad, axis=0)])
+    tokens = np.full((n, p), np.nan)
+    if window.tokens is not None:
+        tokens[:t] = window.tokens
+    layers = np.full((n, p), np.nan)
+    if window.layers is not None:
+        layers[:t] = window.layers
+        layers[t:] = window.layers[-1]
+    mb = float(window.microbatches)
+    load = np.where(np.isfinite(tokens), tokens, mb)
+    work = cost * load
+    order = "F"  # stage-major: each stage's series is contiguous and ordered by step
+    return pd.DataFrame({
+        "run_id": pd.Categorical([RUN_ID] * (n * p)),
+        "replica": np.zeros(n * p, dtype=np.int32),
+        "stage": np.repeat(np.arange(p, dtype=np.int32), n),
+        "step": np.tile(np.arange(n, dtype=np.int64), p),
+        "compute_s": compute.ravel(order),
+        "microbatches": np.full(n * p, mb),
+        "layers": layers.ravel(order),
+        "cost": cost.ravel(order),
+        "tokens": tokens.ravel(order),
+        "tokens2": (tokens**2 / mb).ravel(order),
+        "work": work.ravel(order),
+        "y": (compute / work).ravel(order),
+        "scenario": pd.Categorical(["live"] * (n * p)),
+    })
+
+
+def set_known_ahead(series: Any, window: Window, horizons: Sequence[int]) -> None:
+    """Write the tokens known ahead (one value per requested horizon) into the padding."""
+    if window.next_tokens is None or window.tokens is None:
+        return
+    t, p = window.compute.shape
+    n = len(series) // p
+    tokens = series["tokens"].to_numpy().reshape(p, n).copy()
+    for h, value in zip(horizons, window.next_tokens, strict=True):
+        if t - 1 + h < n:
+            tokens[:, t - 1 + h] = value
+    series["tokens"] = tokens.ravel()
+    series["tokens2"] = tokens.ravel() ** 2 / float(window.microbatches)
+
+
+def probe_window(steps: int, seed: int, stages: int = 3, tokens: bool = False) -> Window:
+    """A synthetic window with noise, a drift, periodic spikes and (optionally) tokens."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)[:, None]
+    y = (1.0 + 0.2 * np.arange(stages))[None, :] * (1.0 + 0.003 * t * (seed % 2))
+    y = y * (1.0 + 0.05 * rng.standard_normal((steps, stages)))
+    y[:: 7 + seed, 0] *= 1.6
+    tok = np.repeat(rng.integers(500, 1500, (steps, 1)).astype(float), stages, axis=1) \
+        if tokens else None
+    load = tok if tok is not None else 4.0
+    layers = np.full((steps, stages), 2.0)
+    layers[steps - 5 - 20 * seed:, 0] += 1  # a repartition, recent or older than the history
+    layers[steps - 5 - 20 * seed:, 1] -= 1
+    return Window(compute=np.abs(y) * layers * load, cost=layers.copy(), microbatches=4,
+                  tokens=tok, layers=layers,
+                  next_tokens=None if tok is None else rng.integers(500, 1500, 3).astype(float))
+
+
+class FeatureModel:
+    """A fitted ``bubblecast.forecast`` forecaster behind the service's window protocol."""
+
+    def __init__(self, forecaster: Any, config: Any = None, fast: bool = True) -> None:
+        from bubblecast.dataset.config import DatasetConfig
+
+        if not hasattr(forecaster, "horizons_"):
+            raise BubblecastError("model: the forecaster is not fitted")
+        self.forecaster = forecaster
+        self.horizons = tuple(int(h) for h in forecaster.horizons_)
+        cfg = config or getattr(forecaster, "dataset_config_", None)
+        self.config = cfg if isinstance(cfg, DatasetConfig) else DatasetConfig(
+            horizons=self.horizons)
+        self.min_window = int(self.config.history)
+        meta = getattr(forecaster, "metadata_", None) or {}
+        self.name = str(getattr(forecaster, "kind", "model"))
+        self.metrics = dict(meta.get("metrics") or {})
+        self.fast = None
+        if fast:
+            from bubblecast.serve.features import FastFeatures
+
+            if FastFeatures.covers(forecaster, self.config):
+                # Lightest first; each is kept only if it forecasts exactly as the pandas path.
+                for light in (True, False):
+                    self.fast = FastFeatures(forecaster, self.config, light=light)
+                    if self._fast_agrees():
+                        break
+                    self.fast = None
+            if self.fast is None:
+                log.warning("model %s: served through the pandas feature path (slower)",
+                            self.name)
+
+    @property
+    def feature_path(self) -> str:
+        """How origin features are computed: ``numpy`` (light frame), ``numpy+pandas`` (a
+        small DataFrame) or ``pandas`` (the dataset's build_features on the window)."""
+        if self.fast is None:
+            return "pandas"
+        return "numpy" if self.fast.light else "numpy+pandas"
+
+    def origin_rows(self, window: Window, horizons: Sequence[int]) -> Any:
+        """The features frame rows at the window's last step, one per stage in stage order."""
+        from bubblecast.dataset.features import build_features
+
+        pad = max(self.config.horizons)
+        series = window_series(window, pad)
+        set_known_ahead(series, window, horizons)
+        frame = build_features(series, self.config)
+        rows = frame.loc[frame["step"] == window.steps - 1].sort_values("stage")
+        return rows.reset_index(drop=True)
+
+    def _fast_agrees(self) -> bool:
+        """The fast path against the exact one on probe windows (spikes, drift, tokens,
+        a repartition): every input column the model reads, and the forecasts."""
+        from bubblecast.serve.features import FastFeatures, origin_features
+
+        hz = list(self.horizons)
+        need = sorted(FastFeatures.needed(self.forecaster) | {"level"})
+        for seed in range(3):
+            window = probe_window(self.min_window + 7 * seed, seed, tokens=seed == 2)
+            try:
+                fast = self.fast.predict(window, hz)  # type: ignore[union-attr]
+                mine = origin_features(window, self.config, hz)
+            except Exception as exc:  # noqa: BLE001 - any failure means: not this path
+                log.info("fast feature path unavailable: %s: %s", type(exc).__name__, exc)
+                return False
+            rows = self.origin_rows(window, hz)
+            for col in need:
+                a = rows[col].to_numpy(dtype=np.float64)
+                b = np.asarray(mine[col], dtype=np.float64)
+                if not np.allclose(b, a, rtol=2e-6, atol=1e-9, equal_nan=True):
+                    log.info("fast feature path differs on column %s", col)
+                    return False
+            exact = self._exact(window, hz)
+            if not np.allclose(fast, exact, rtol=1e-6, atol=1e-12, equal_nan=True):
+                return False
+        return True
+
+    def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
+        hz = [int(h) for h in horizons]
+        if self.fast is not None:
+            return self.fast.predict(window, hz)
+        return self._exact(window, hz)
+
+    def _exact(self, window: Window, hz: list[int]) -> np.ndarray:
+        rows = self.origin_rows(window, hz)
+        preds = self.forecaster.predict_signal(rows, hz)
+        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
+
+    def check(self) -> FeatureModel:
+        """Forecast a synthetic window once, so a model the service cannot serve fails at
+        load time, not on the first request."""
+        t, p = self.min_window, 2
+        rng = np.random.default_rng(0)
+        compute = 1.0 + 0.05 * rng.random((t, p))
+        window = Window(compute=compute, cost=np.ones((t, p)), microbatches=4)
+        try:
+            q = self.predict_window(window, list(self.horizons))
+        except BubblecastError:
+            raise
+        except Exception as exc:
+            raise BubblecastError(f"model: cannot forecast from a window ({type(exc).__name__}: "
+                                  f"{exc})") from None
+        if q.shape != (p, len(self.horizons), 3) or not np.all(np.isfinite(q)):
+            raise BubblecastError(f"model: forecast of a test window has shape {q.shape} or "
+                                  "non-finite values")
+        return self
+
+
+def serve_forecaster(obj: Any, fast: bool = True) -> FeatureModel:
+    """Wrap a loaded forecaster for serving, checked on a synthetic window."""
+    return FeatureModel(obj, fast=fast).check()

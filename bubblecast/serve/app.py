@@ -1,0 +1,322 @@
+"""The FastAPI application of ``bubblecast serve``.
+
+:func:`create_app` wires a :class:`~bubblecast.serve.predictor.Predictor` (or a source to load
+one from at start-up) to the routes. A pure-ASGI guard in front of every route checks the
+bearer token (constant-time), caps the request body (Content-Length and the bytes actually
+streamed) and records Prometheus metrics; handlers run the predictor directly on the event
+loop, since a forecast is a bounded sub-millisecond computation and a thread hop would cost
+more than it saves. Reloads run in a worker thread and swap the model in one assignment.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from bubblecast import __version__
+from bubblecast.errors import BubblecastError
+from bubblecast.serve.errors import error_body, validation_body
+from bubblecast.serve.metrics import Metrics
+from bubblecast.serve.predictor import Predictor
+from bubblecast.serve.schemas import (
+    ErrorResponse,
+    ForecastRequest,
+    ForecastResponse,
+    ModelInfoResponse,
+    RecommendRequest,
+    RecommendResponse,
+    RequestError,
+)
+
+log = logging.getLogger("bubblecast.serve")
+
+ROUTES = ("/v1/forecast", "/v1/recommend", "/v1/model", "/v1/admin/reload", "/healthz",
+          "/readyz", "/metrics", "/openapi.json", "/docs")
+#: Routes answered without the bearer token: liveness and readiness probes reveal nothing.
+OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
+JSON = "application/json"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass
+class ServeConfig:
+    """Service settings: ``token`` (None = no auth), body cap, alias/dir watch interval."""
+
+    token: str | None = None
+    max_body_bytes: int = 1 << 20
+    watch_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not self.token.strip():
+            raise BubblecastError("--token-file: the token is empty")
+        if self.max_body_bytes < 1024:
+            raise BubblecastError(f"--max-body-bytes: must be >= 1024, got {self.max_body_bytes}")
+        if self.watch_interval_s is not None and not self.watch_interval_s > 0:
+            raise BubblecastError(f"--watch-interval: must be > 0, got {self.watch_interval_s}")
+
+
+async def _reply(send: Send, status: int, body: bytes,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status,
+                "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware: auth (401), body cap (413) and metrics, before any route runs."""
+
+    def __init__(self, app: Any, metrics: Metrics, config: ServeConfig) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.expected = f"Bearer {config.token.strip()}".encode() if config.token else None
+        self.limit = config.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, send_status)
+        finally:
+            self.metrics.observe(scope.get("method", "?"), self.metrics.route(scope["path"]),
+                                 status[0], time.perf_counter() - t0)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or [])
+        if self.expected is not None and scope["path"] not in OPEN_ROUTES:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await _reply(send, 401, error_body("missing or wrong bearer token",
+                                                   "Authorization"),
+                             [(b"www-authenticate", b"Bearer")])
+                return
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            length = headers.get(b"content-length")
+            if length is not None:
+                try:
+                    declared = int(length)
+                except ValueError:
+                    await _reply(send, 400, error_body("not an integer", "Content-Length"))
+                    return
+                if declared > self.limit:
+                    await self._too_large(send)
+                    return
+            chunks, size = [], 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body = message.get("body", b"")
+                size += len(body)
+                if size > self.limit:
+                    await self._too_large(send)
+                    return
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+            receive = _replay(b"".join(chunks), receive)
+        await self.app(scope, receive, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _reply(send, 413, error_body(f"request body over {self.limit} bytes", "body"))
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the buffered body once, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class Service:
+    """State shared by the routes: the predictor (once loaded), metrics, the watcher."""
+
+    def __init__(self, predictor: Predictor | None, metrics: Metrics) -> None:
+        self.predictor = predictor
+        self.metrics = metrics
+        self.load_error: str | None = None
+        self.watcher: Any = None
+        if predictor is not None:
+            self.publish()
+
+    def publish(self) -> None:
+        info = self.predictor.info  # type: ignore[union-attr]
+        self.metrics.set_model(info.name, info.version, info.alias, info.loaded_at)
+
+    def reload(self) -> None:
+        try:
+            self.predictor.reload()  # type: ignore[union-attr]
+        except Exception:
+            self.metrics.reload("failure")
+            raise
+        self.metrics.reload("success")
+        self.publish()
+
+
+def _json(model: Any, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type=JSON)
+
+
+def _unready() -> Response:
+    return Response(error_body("no model loaded yet"), status_code=503, media_type=JSON)
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
+    413: {"model": ErrorResponse, "description": "request body too large"},
+    422: {"model": ErrorResponse, "description": "invalid request; `field` names the field"},
+}
+
+
+def create_app(predictor: Predictor | None = None, *, source: str | None = None,
+               config: ServeConfig | None = None,
+               load: Callable[[], Predictor] | None = None) -> FastAPI:
+    """The service app. Give a loaded ``predictor``, or ``load`` (called in a thread at
+    start-up; ``/readyz`` says 503 until it returns). ``source`` is only reported."""
+    from contextlib import asynccontextmanager
+
+    config = config or ServeConfig()
+    metrics = Metrics(ROUTES)
+    svc = Service(predictor, metrics)
+
+    def start_watch() -> None:
+        pred = svc.predictor
+        src = getattr(pred, "source", None)
+        if config.watch_interval_s and src is not None:
+            from bubblecast.serve.registry import SourceWatcher
+
+            try:
+                initial = src.fingerprint()
+            except Exception as exc:  # noqa: BLE001 - the first poll will set it
+                log.warning("model watch: %s", exc)
+                initial = None
+            svc.watcher = SourceWatcher(src.fingerprint, svc.reload, config.watch_interval_s,
+                                        initial=initial).start()
+
+    def background_load() -> None:
+        try:
+            svc.predictor = load()  # type: ignore[misc]
+            svc.publish()
+            start_watch()
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz, the process stays up
+            svc.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("model load failed: %s", svc.load_error)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        if svc.predictor is None and load is not None:
+            threading.Thread(target=background_load, name="bubblecast-load", daemon=True).start()
+        elif svc.predictor is not None:
+            start_watch()
+        yield
+        if svc.watcher is not None:
+            svc.watcher.stop()
+
+    app = FastAPI(title="bubblecast", version=__version__, lifespan=lifespan,
+                  description="Forecasts of pipeline-stage delays and recommended actions.")
+    app.state.service = svc
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        return Response(validation_body(exc.errors()), status_code=422, media_type=JSON)
+
+    @app.exception_handler(RequestError)
+    async def _refused(_: Request, exc: RequestError) -> Response:
+        return Response(error_body(exc.message, exc.field), status_code=422, media_type=JSON)
+
+    @app.post("/v1/forecast", response_model=ForecastResponse, responses=_ERRORS)
+    async def forecast(request: ForecastRequest) -> Response:
+        """p10/p50/p90 seconds per rank and horizon, and the predicted bubble fraction."""
+        if svc.predictor is None:
+            return _unready()
+        return _json(svc.predictor.forecast(request))
+
+    @app.post("/v1/recommend", response_model=RecommendResponse, responses=_ERRORS)
+    async def recommend(request: RecommendRequest) -> Response:
+        """The action to take now (SPEC action JSON), step times with and without it."""
+        if svc.predictor is None:
+            return _unready()
+        return _json(svc.predictor.recommend(request))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: 200 once a model is loaded, else 503."""
+        if svc.predictor is None:
+            return Response(error_body(svc.load_error or "loading"), status_code=503,
+                            media_type=JSON)
+        info = svc.predictor.info
+        return JSONResponse({"ready": True, "model": info.name, "version": info.version})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> Response:
+        """Prometheus text format: requests, latency histogram, model version."""
+        return PlainTextResponse(metrics.render(),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/model", response_model=ModelInfoResponse)
+    async def model_info() -> Response:
+        """Name, version, alias, source and training metrics of the model served."""
+        if svc.predictor is None:
+            return _unready()
+        loaded = svc.predictor.loaded
+        info = loaded.info
+        horizons = loaded.model.horizons
+        body = ModelInfoResponse(
+            name=info.name, version=info.version, alias=info.alias, source=source or info.source,
+            loaded_at=info.loaded_at, metrics=info.metrics, min_window=int(loaded.model.min_window),
+            horizons=list(horizons) if horizons is not None else None,
+            feature_path=getattr(loaded.model, "feature_path", None))
+        return _json(body)
+
+    @app.post("/v1/admin/reload", response_model=ModelInfoResponse,
+              responses={409: {"model": ErrorResponse, "description": "reload failed; the "
+                               "previous model keeps serving"}, **_ERRORS})
+    async def reload() -> Response:
+        """Load the model source again and swap it in without dropping requests."""
+        if svc.predictor is None:
+            return _unready()
+        try:
+            await run_in_threadpool(svc.reload)
+        except Exception as exc:  # noqa: BLE001 - the old model keeps serving
+            log.warning("reload failed: %s", exc)
+            return Response(error_body(f"reload failed, previous model kept: {exc}", "model"),
+                            status_code=409, media_type=JSON)
+        return await model_info()
+
+    app.add_middleware(Guard, metrics=metrics, config=config)
+    return app

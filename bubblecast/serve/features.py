@@ -1,0 +1,302 @@
+"""The dataset's features at one origin, in numpy: the service's hot path.
+
+:func:`bubblecast.dataset.features.build_features` computes every feature at every step with
+pandas (about 20 ms for a small window). A forecast needs them only at the window's last step,
+for each stage, which plain numpy over the window gives in well under a millisecond. This
+module mirrors ``build_features`` feature by feature for that one origin (same windows, same
+float32 rounding of the stored features); ``tests/serve/test_features.py`` holds the two equal
+on random windows with spikes, periods, tokens and repartitions. A model that needs a column
+this module does not compute is served by the exact pandas path instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from bubblecast.serve.model import Window
+
+
+def _median_last(a: np.ndarray) -> np.ndarray:
+    """Median over the last axis (as ``np.median``: the mean of the middle two when even)."""
+    n = a.shape[-1]
+    s = np.sort(a, axis=-1)
+    if n % 2:
+        return s[..., n // 2]
+    return (s[..., n // 2 - 1] + s[..., n // 2]) / 2.0
+
+
+class _Blocks:
+    """Feature rows collected as ``(k, P)`` blocks, concatenated once at the end."""
+
+    def __init__(self, p: int) -> None:
+        self.p = p
+        self.names: list[str] = []
+        self.blocks: list[np.ndarray] = []
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        self.names.append(name)
+        self.blocks.append(np.asarray(values, dtype=np.float64).reshape(1, self.p))
+
+    def add_block(self, names: list[str], values: np.ndarray) -> None:
+        self.names.extend(names)
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != (len(names), self.p):
+            v = np.broadcast_to(v, (len(names), self.p))
+        self.blocks.append(v)
+
+    def matrix(self) -> np.ndarray:
+        return np.concatenate(self.blocks, axis=0).astype(np.float32)
+
+
+def _spikes(y: np.ndarray, cfg: Any, out: _Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """Spike features at the origin; returns (steps since the last spike, regular period)."""
+    t, p = y.shape
+    w = cfg.windows[1]
+    prev_med = np.full((t, p), np.nan)
+    if t > w:
+        prev_med[w:] = _median_last(sliding_window_view(y, w, axis=0)[:-1])
+    high = y > cfg.spike_ratio * prev_med
+    high[:w] = False
+    spike = high.copy()
+    spike[1:] &= ~high[:-1]
+    o = t - 1
+    since, period, period2 = np.full(p, np.nan), np.full(p, np.nan), np.full(p, np.nan)
+    for j in range(p):
+        idx = np.flatnonzero(spike[:, j])[::-1][:3]  # latest first
+        if idx.size >= 1:
+            since[j] = o - idx[0]
+        if idx.size >= 2:
+            period[j] = idx[0] - idx[1]
+        if idx.size >= 3:
+            period2[j] = idx[1] - idx[2]
+    regular = np.isfinite(period2) & (np.abs(period - period2) <= 1)
+    out.add_block(["f_spike", "f_since_spike", "f_spike_period", "f_spike_regular",
+                   "f_spike_count"],
+                  np.stack([spike[o], since, period, regular, spike[-cfg.history:].sum(axis=0)]))
+    return since, np.where(regular, period, np.nan)
+
+
+def _acf(y: np.ndarray, cfg: Any, out: _Blocks) -> np.ndarray:
+    """Autocorrelation peak over lags 2..max_period (float32 as the dataset keeps it)."""
+    w = cfg.history - cfg.max_period
+    lags = np.arange(2, cfg.max_period + 1)
+    t = y.shape[0]
+    views = sliding_window_view(y, w, axis=0)  # (T - w + 1, P, w): rows ending at i + w - 1
+    cur = views[t - w]  # (P, w)
+    past = views[t - w - lags]  # (L, P, w)
+    m = cur.sum(axis=1) / w
+    sd = np.sqrt(((cur - m[:, None]) ** 2).sum(axis=1) / w)
+    pm = past.sum(axis=2) / w
+    psd = np.sqrt(((past - pm[:, :, None]) ** 2).sum(axis=2) / w)
+    prod = (past * cur[None]).sum(axis=2) / w
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = ((prod - m * pm) / (sd * psd)).T.astype(np.float32)
+    r = np.nan_to_num(r, nan=-1.0)
+    best = r.max(axis=1)
+    first = np.argmax(r >= (best - 0.05)[:, None], axis=1)
+    period = np.where(best > 0.6, lags[first], np.nan).astype(np.float64)
+    out.add_block(["f_acf_peak", "f_acf_period"], np.stack([best.astype(np.float64), period]))
+    return period
+
+
+def _window_stats(y: np.ndarray, w: int, quantiles: Sequence[float], out: _Blocks) -> np.ndarray:
+    """Rolling mean, std, min, max and linear-interpolated quantiles of the last ``w`` rows;
+    returns the quantile rows."""
+    tail = np.sort(y[-w:], axis=0)
+    mean = tail.sum(axis=0) / w
+    std = np.sqrt(((tail - mean) ** 2).sum(axis=0) / (w - 1)) if w > 1 else np.nan
+    q = np.asarray(quantiles, dtype=np.float64)
+    h = (w - 1) * q
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, w - 1)
+    qs = tail[lo] + (h - lo)[:, None] * (tail[hi] - tail[lo])
+    out.add_block([f"f_u_mean_w{w}", f"f_u_std_w{w}", f"f_u_min_w{w}", f"f_u_max_w{w}"],
+                  np.stack([mean, np.broadcast_to(std, mean.shape), tail[0], tail[-1]]))
+    out.add_block([f"f_u_q{round(x * 100)}_w{w}" for x in quantiles], qs)
+    return qs
+
+
+@lru_cache(maxsize=256)
+def _ewm_weights(t: int, alphas: tuple[float, ...]) -> np.ndarray:
+    """``(len(alphas), t)`` weights of an ``adjust=False`` EWMA from the first row."""
+    a = np.asarray(alphas, dtype=np.float64)[:, None]
+    weights = a * (1.0 - a) ** np.arange(t - 1, -1, -1, dtype=np.float64)[None, :]
+    weights[:, 0] = (1.0 - a[:, 0]) ** (t - 1)
+    return weights
+
+
+def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
+                  ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Every ``f_*`` and ``x{h}_*`` feature at the last step: their names, a float32
+    ``(features, P)`` matrix, and ``level`` ``(P,)`` (float64, as the dataset keeps it).
+
+    The window is one series per stage starting at its first row, as the dataset's series
+    start at a run's first step.
+    """
+    y = window.delay
+    t, p = y.shape
+    out = _Blocks(p)
+    lag_names = [f"f_u_lag{k}" for k in range(cfg.lags)]
+    out.add_block(lag_names, y[::-1][: cfg.lags])
+    level = None
+    for w in cfg.windows:
+        qs = _window_stats(y, w, cfg.quantiles, out)
+        if level is None:
+            level = qs[list(cfg.quantiles).index(0.5)]
+    out.add_block([f"f_u_ewm{a:g}" for a in cfg.ewm_alphas],
+                  _ewm_weights(t, tuple(cfg.ewm_alphas)) @ y)
+    for w in cfg.windows[1:]:
+        pos = np.arange(t - w, t, dtype=np.float64)[:, None]
+        tail = y[-w:]
+        slope = ((pos * tail).mean(axis=0) - pos.mean() * tail.mean(axis=0)) \
+            / ((w * w - 1) / 12.0)
+        out.add(f"f_slope_w{w}", slope / level)
+    since_spike, spike_period = _spikes(y, cfg, out)
+    acf_period = _acf(y, cfg, out)
+    period = np.where(np.isfinite(spike_period), spike_period, acf_period)
+    out.add("f_period", period)
+    peer = _median_last(y)  # (T,): one replica, so peers are the other stages
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = y / peer[:, None]
+    out.add_block(["f_peer_ratio", "f_replica_ratio", "f_pipeline_ratio", "f_u_peer_med",
+                   "f_peer_ratio_m5"],
+                  np.stack([ratio[-1], np.ones(p), ratio[-1], np.full(p, peer[-1]),
+                            ratio[-cfg.windows[0]:].mean(axis=0)]))
+    out.add_block([f"f_u_peer_lag{k}" for k in range(cfg.lags)],
+                  peer[::-1][: cfg.lags, None])
+    layers = window.layers if window.layers is not None else np.full((t, p), np.nan)
+    changed = (layers[1:] != layers[:-1]) & np.isfinite(layers[1:])
+    hit = changed[::-1].argmax(axis=0)  # rows back from the origin to the latest change
+    since_rep = np.minimum(np.where(changed.any(axis=0), hit, float(t)), cfg.history)
+    tokens = window.tokens if window.tokens is not None else np.full((t, p), np.nan)
+    out.add_block(["f_layers", "f_cost_share", "f_since_repartition", "f_tokens_ratio"],
+                  np.stack([layers[-1], window.cost[-1] / window.cost[-1].sum(), since_rep,
+                            tokens[-1] / tokens[-cfg.windows[1]:].mean(axis=0)]))
+    hz = np.asarray(horizons, dtype=np.float64)[:, None]  # (H, 1)
+    ok_p = np.isfinite(period)[None, :]
+    per = np.where(ok_p, period[None, :], 1.0)
+    lag = np.where(ok_p, per * np.ceil(hz / per) - hz, np.nan)  # (H, P)
+    ok = np.isfinite(lag) & (lag <= t - 1)
+    src = np.where(ok, t - 1 - np.nan_to_num(lag).astype(np.int64), 0)
+    seasonal = np.where(ok, y[src, np.arange(p)[None, :]], np.nan)
+    sp = np.isfinite(spike_period)[None, :]
+    spk = np.where(sp, spike_period[None, :], 1.0)
+    phase = np.where(sp, np.mod(since_spike[None, :] + hz, spk), np.nan)
+    due = np.where(np.isfinite(phase), (phase == 0).astype(np.float64), 0.0)
+    if window.next_tokens is not None:
+        ahead = np.asarray(window.next_tokens, dtype=np.float64)[:, None]
+    else:
+        ahead = np.full((len(hz), 1), np.nan)
+    tok_h = np.where(np.isfinite(tokens[-1])[None, :], ahead, np.nan)
+    mb = float(window.microbatches)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rows = {"u_seasonal": seasonal, "spike_due": due, "spike_phase": phase / spike_period,
+                "tokens_ratio": tok_h / tokens[-1],
+                # tokens2 / tokens is tokens / microbatches for equal microbatches
+                "tokens2_ratio": (tok_h / mb) / (tokens[-1] / mb)}
+    for i, h in enumerate(horizons):
+        out.add_block([f"x{h}_{k}" for k in rows], np.stack([v[i] for v in rows.values()]))
+    return out.names, out.matrix(), np.maximum(level, 1e-12)
+
+
+def origin_features(window: Window, cfg: Any, horizons: Sequence[int]) -> dict[str, np.ndarray]:
+    """:func:`origin_matrix` as ``{name: (P,) values}`` (float32 features, float64 level)."""
+    names, matrix, level = origin_matrix(window, cfg, horizons)
+    out = dict(zip(names, matrix, strict=True))
+    out["level"] = level
+    return out
+
+
+class _Column:
+    """One column of a :class:`ColumnFrame`: what ``frame[name].to_numpy(...)`` returns."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def to_numpy(self, dtype: Any = None, copy: bool = False, **_: Any) -> np.ndarray:
+        return self.values.astype(dtype) if dtype is not None else self.values
+
+
+class _Names(list):
+    """Column names with an O(1) ``in``."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(names)
+        self._set = frozenset(names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set
+
+
+class ColumnFrame:
+    """The read-only slice of the pandas DataFrame API a forecaster's ``predict_signal``
+    uses on its inputs (``columns``, ``frame[name].to_numpy()``, ``len``), over the origin
+    matrix without building a DataFrame. Whether a model's ``predict_signal`` is content with
+    it is checked when the model loads (:class:`bubblecast.serve.adapters.FeatureModel`)."""
+
+    def __init__(self, names: list[str], matrix: np.ndarray, level: np.ndarray) -> None:
+        self._index = {n: i for i, n in enumerate(names)}
+        self._matrix = matrix
+        self._level = level
+        self.columns = _Names(names + ["level"])
+
+    def __len__(self) -> int:
+        return int(self._level.shape[0])
+
+    def __getitem__(self, name: str) -> _Column:
+        if name == "level":
+            return _Column(self._level)
+        i = self._index.get(name)
+        if i is None:
+            raise KeyError(name)
+        return _Column(self._matrix[i])
+
+
+class FastFeatures:
+    """Origin rows from :func:`origin_matrix`, predicted by the forecaster's own
+    ``predict_signal``: as a :class:`ColumnFrame` (``light``) or a small pandas frame."""
+
+    def __init__(self, forecaster: Any, cfg: Any, light: bool = True) -> None:
+        self.forecaster = forecaster
+        self.cfg = cfg
+        self.light = light
+
+    @staticmethod
+    def needed(forecaster: Any) -> set[str]:
+        """Input columns the forecaster reads, as far as its fitted attributes tell."""
+        need = set(getattr(forecaster, "features_", []))
+        for h in getattr(forecaster, "horizons_", []):
+            need |= {f"x{h}_{g[2:]}" for g in getattr(forecaster, "horizon_features_", [])}
+        need |= set(getattr(forecaster, "column_", {}).values())
+        return need
+
+    @classmethod
+    def covers(cls, forecaster: Any, cfg: Any) -> bool:
+        """True when every column the forecaster names is computed here."""
+        hz = [int(h) for h in forecaster.horizons_]
+        t = cfg.history
+        probe = Window(compute=1.0 + np.random.default_rng(0).random((t, 2)),
+                       cost=np.ones((t, 2)), microbatches=2)
+        need = cls.needed(forecaster)
+        return bool(need) and need <= set(origin_matrix(probe, cfg, hz)[0])
+
+    def rows(self, window: Window, horizons: Sequence[int]) -> Any:
+        names, matrix, level = origin_matrix(window, self.cfg, horizons)
+        if self.light:
+            return ColumnFrame(names, matrix, level)
+        import pandas as pd
+
+        frame = pd.DataFrame(matrix.T, columns=names)
+        frame["level"] = level
+        return frame
+
+    def predict(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
+        preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
+        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)

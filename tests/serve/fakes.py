@@ -1,0 +1,83 @@
+"""Fake forecasters and request builders for the service tests.
+
+``ScaledLast`` forecasts the last observed delay per work times ``scale`` for every horizon
+(p10/p90 at -/+10%), so a test can compute every expected number by hand. A model directory for
+it is a ``model.json`` of ``{"name", "scale", "load_delay_s"}``, loaded by :func:`load_fake`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class ScaledLast:
+    """p50 = scale x the last delay per work; p10 / p90 = 0.9 / 1.1 x p50."""
+
+    horizons: tuple[int, ...] | None = None
+
+    def __init__(self, scale: float = 1.0, min_window: int = 2,
+                 horizons: tuple[int, ...] | None = None) -> None:
+        self.scale = scale
+        self.min_window = min_window
+        self.horizons = horizons
+
+    def predict_window(self, window, horizons: list[int]) -> np.ndarray:
+        last = window.delay[-1] * self.scale
+        q = np.stack([last * 0.9, last, last * 1.1], axis=-1)
+        return np.repeat(q[:, None, :], len(horizons), axis=1)
+
+
+class Broken(ScaledLast):
+    """Returns NaN: the service must answer 422, never 500."""
+
+    def predict_window(self, window, horizons: list[int]) -> np.ndarray:
+        return np.full((window.stages, len(horizons), 3), np.nan)
+
+
+def write_model_dir(path: Path, scale: float = 1.0, load_delay_s: float = 0.0,
+                    name: str = "fake") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "model.json.tmp"
+    tmp.write_text(json.dumps({"name": name, "scale": scale, "load_delay_s": load_delay_s}))
+    tmp.replace(path / "model.json")
+    return path
+
+
+class _Loaded(ScaledLast):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(float(spec["scale"]))
+        self.name = spec.get("name", "fake")
+        self.metrics = {"mae_h1": 0.1, "scale": float(spec["scale"])}
+
+
+def load_fake(uri: str) -> ScaledLast:
+    """Loader for ``ModelSource(dir, loader=load_fake)``; sleeps ``load_delay_s`` first."""
+    spec = json.loads((Path(uri) / "model.json").read_text())
+    time.sleep(float(spec.get("load_delay_s", 0.0)))
+    return _Loaded(spec)
+
+
+def forecast_request(stages: int = 4, steps: int = 8, microbatches: int = 8,
+                     slow_stage: int | None = None, horizons: tuple[int, ...] = (1, 5),
+                     schedule: str = "1f1b", seed: int = 0) -> dict[str, Any]:
+    """A valid forecast request; ``slow_stage`` takes twice the others' compute."""
+    rng = np.random.default_rng(seed)
+    ranks = []
+    for s in range(stages):
+        base = 2.0 if s == slow_stage else 1.0
+        ranks.append({"rank": 10 + s, "stage": s,
+                      "compute_s": (base * (1 + 0.01 * rng.random(steps))).round(6).tolist()})
+    return {"pipeline": {"schedule": schedule, "stages": stages, "microbatches": microbatches},
+            "horizons": list(horizons), "ranks": ranks}
+
+
+def recommend_request(stages: int = 4, layers_per_stage: int = 4, **kw: Any) -> dict[str, Any]:
+    req = forecast_request(stages=stages, **kw)
+    req["partition"] = [layers_per_stage] * stages
+    req["layer_costs"] = [1.0] * (layers_per_stage * stages)
+    return req
