@@ -76,13 +76,6 @@ def _read_one(path: Path) -> Events:
     except (ValueError, TypeError, KeyError) as exc:
         raise BubblecastError(f"{path}: bad '{METADATA_KEY.decode()}' metadata: {exc}") from None
     frame = table.to_pandas()
-    for col, dtype in (("layers", "Int32"), ("tokens", "Int64")):
-        # An integer column with nulls comes back as float64; restore the nullable integer.
-        if col in frame.columns and pd.api.types.is_float_dtype(frame[col].dtype):
-            values = frame[col]
-            whole = values.dropna()
-            if (whole == whole.round()).all():
-                frame[col] = values.astype(dtype)
     return Events(validate_frame(frame, runs, str(path)), runs)
 
 

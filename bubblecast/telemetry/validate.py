@@ -41,7 +41,7 @@ def _first(mask: np.ndarray) -> int | None:
 
 def normalize_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Cast already-valid columns to their in-memory dtypes (categoricals for run_id and op)."""
-    out = frame.copy(deep=False)
+    out = _restore_optional_ints(frame.copy(deep=False))
     if not isinstance(out["run_id"].dtype, pd.CategoricalDtype):
         out["run_id"] = out["run_id"].astype(str).astype("category")
     if isinstance(out["op"].dtype, pd.CategoricalDtype):  # remap codes, never touch strings
@@ -79,6 +79,19 @@ def _check_column_types(frame: pd.DataFrame, source: str) -> None:
             raise SchemaError(source, col, None, f"expected integer, got {frame[col].dtype}")
 
 
+def _restore_optional_ints(frame: pd.DataFrame) -> pd.DataFrame:
+    """An optional integer column with nulls (Parquet, concat) comes back as float64 or object:
+    make it a nullable integer again when every present value is whole."""
+    for col, dtype in _OPT_INT.items():
+        if col not in frame.columns or pd.api.types.is_integer_dtype(frame[col].dtype):
+            continue
+        values = pd.to_numeric(frame[col], errors="coerce")
+        present = values.dropna()
+        if present.size == frame[col].notna().sum() and (present == present.round()).all():
+            frame = frame.assign(**{col: values.astype(dtype.capitalize())})
+    return frame
+
+
 def _meta_array(run_codes: np.ndarray, categories: list[str], runs: dict[str, RunMeta],
                 attr: str) -> np.ndarray:
     values = np.array([getattr(runs[c], attr) if c in runs else np.iinfo(np.int32).max
@@ -92,7 +105,7 @@ def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -
     Runs that have no metadata get it inferred from the data (``source="inferred"``) and are
     added to ``runs`` in place.
     """
-    frame = frame.reset_index(drop=True)
+    frame = _restore_optional_ints(frame.reset_index(drop=True))
     _check_column_types(frame, source)
     for col in ("start_s", "duration_s"):
         values = frame[col].to_numpy(dtype=np.float64)

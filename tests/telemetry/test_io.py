@@ -98,3 +98,15 @@ def test_optional_integer_columns_with_nulls_round_trip(tmp_path):
     assert str(back.frame["tokens"].dtype) == "Int64"
     assert back.frame["tokens"].isna().tolist() == [True, False]
     assert back.frame["layers"].iloc[1] == 3
+
+
+def test_concat_of_runs_with_and_without_tokens_round_trips(tmp_path):
+    from bubblecast.telemetry.events import Events
+
+    with_tokens = _events("a")
+    b = EventsBuilder()
+    b.add("b", step=0, rank=0, stage=0, op="F", microbatch=0, start_s=0.0, duration_s=1.0)
+    both = Events.concat([with_tokens, b.build()])
+    assert str(both.frame["tokens"].dtype) == "Int64"
+    back = read_events(write_events(both, tmp_path / "mixed.parquet"))
+    assert back.frame["tokens"].isna().sum() == 1

@@ -1,0 +1,75 @@
+"""``bubblecast evaluate FEATURES --model URI|DIR ...``: models against the baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json
+
+
+@app.command()
+def evaluate(
+    features: Path = typer.Argument(..., help="Features file from `bubblecast dataset`."),
+    model: list[str] = typer.Option([], "--model",
+                                    help="Model directory or models:/NAME@ALIAS (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else "
+                                     "sqlite:///mlflow.db in the working directory)."),
+    no_track: bool = typer.Option(False, "--no-track", help="Do not log to MLflow."),
+    plot: Path | None = typer.Option(None, "--plot",
+                                     help="Write forecast-vs-actual PNGs into this directory."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the baselines' cross-fitting."),
+) -> None:
+    """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines."""
+    from bubblecast.cli.dataset_cmd import progress_notes
+    from bubblecast.forecast.evaluation_run import run_evaluation
+
+    with progress_notes(not json_out) as note:
+        result = run_evaluation(features, model, seed=seed, track=not no_track,
+                                tracking_uri=tracking_uri, plot_dir=plot, progress=note)
+    if json_out:
+        emit_json(result.summary())
+        return
+    _print_evaluation(result)
+
+
+def _print_evaluation(result: object) -> None:
+    """Rich tables: every model per horizon, then the learnt models per scenario."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = result.table  # type: ignore[attr-defined]
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)
+    for title, rows in (("all rows", table[table["scenario"] == "all"]),
+                        ("per scenario", table[(table["scenario"] != "all")
+                                               & ~table["model"].isin(result.baselines)])):
+        if rows.empty:
+            continue
+        out = Table(title=title)
+        cols = ["model", "scenario", "horizon", "n", "mae", "mae_s", "rmse", "mape",
+                "pinball", "coverage_80", "skill", "best_baseline"]
+        for col in cols:
+            out.add_column(col, justify="left" if col in ("model", "scenario") else "right")
+        for r in rows.sort_values(["model", "scenario", "horizon"]).itertuples():
+            out.add_row(*[f"{getattr(r, c):.4g}" if isinstance(getattr(r, c), float)
+                          else str(getattr(r, c)) for c in cols])
+        console.print(out)
+    console.print(f"best baseline: {result.baseline}")  # type: ignore[attr-defined]
+    bubbles = getattr(result, "bubbles", None)
+    if bubbles is not None and not bubbles.empty:
+        out = Table(title="bubble fraction at step t+h: replayed with forecast vs actual "
+                          "stage times")
+        for col in ("model", "horizon", "n", "mae", "predicted", "actual"):
+            out.add_column(col, justify="left" if col == "model" else "right")
+        for r in bubbles.itertuples():
+            out.add_row(r.model, str(r.horizon), str(r.n), f"{r.mae:.4f}",
+                        f"{r.predicted:.4f}", f"{r.actual:.4f}")
+        console.print(out)
+    for line in getattr(result, "notes", []):
+        console.print(line)

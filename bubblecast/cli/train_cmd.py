@@ -1,0 +1,74 @@
+"""``bubblecast train FEATURES --model KIND``: fit a forecaster, save it, log it to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json
+
+
+@app.command()
+def train(
+    features: Path = typer.Argument(..., help="Features file from `bubblecast dataset`."),
+    model: str = typer.Option(..., "--model",
+                              help="lgbm, seq, or a baseline: last, ewma, rolling_median, "
+                                   "seasonal_naive."),
+    out: Path | None = typer.Option(None, "--out", help="Model directory to write."),
+    register: str | None = typer.Option(None, "--register",
+                                        help="Register the model under this MLflow name."),
+    alias: str | None = typer.Option(None, "--alias",
+                                     help="Point this registry alias (e.g. champion) at it."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else "
+                                     "sqlite:///mlflow.db in the working directory)."),
+    no_track: bool = typer.Option(False, "--no-track", help="Do not log to MLflow."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every random choice."),
+    holdout: float = typer.Option(0.2, "--holdout",
+                                  help="Share of runs held out to report metrics (0: none)."),
+    max_rows: int | None = typer.Option(None, "--max-rows",
+                                        help="Cap on training rows (a seeded sample)."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Epochs (seq only)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Train a forecaster on a features file; report metrics on held-out runs."""
+    import tempfile
+
+    from bubblecast.cli.dataset_cmd import progress_notes
+    from bubblecast.errors import BubblecastError
+    from bubblecast.forecast.training import train_model
+
+    if alias and not register:
+        raise BubblecastError("--alias needs --register NAME")
+    if out is None and no_track:
+        raise BubblecastError("nothing would be kept: give --out DIR, or drop --no-track")
+    if not 0.0 <= holdout < 1.0:
+        raise BubblecastError(f"--holdout: must be in [0, 1), got {holdout}")
+    params: dict[str, object] = {"seed": seed}
+    if max_rows is not None:
+        params["max_train_rows"] = max_rows
+    if epochs is not None:
+        params["epochs"] = epochs
+    with progress_notes(not json_out) as note, tempfile.TemporaryDirectory() as tmp:
+        target = out if out is not None else Path(tmp) / "model"
+        result = train_model(features, model, target, params=params, holdout=holdout,
+                             seed=seed, track=not no_track, tracking_uri=tracking_uri,
+                             register=register, alias=alias, progress=note)
+    if out is None:
+        result.pop("out", None)
+    if json_out:
+        emit_json(result)
+        return
+    lines = [f"trained {result['kind']} on {result['rows']} rows ({result['runs']} runs)"]
+    if "out" in result:
+        lines.append(f"model directory: {result['out']}")
+    for h, m in result.get("metrics", {}).items():
+        lines.append(f"  {h}: mae {m['mae']:.4g}  coverage_80 {m['coverage_80']:.3f}  "
+                     f"skill {m['skill']:.3f} (held-out runs, vs {m['baseline']})")
+    if result.get("mlflow_run_id"):
+        lines.append(f"MLflow run {result['mlflow_run_id']}")
+    if result.get("registered"):
+        lines.append(f"registered {result['registered']['uri']}")
+    typer.echo("\n".join(lines))

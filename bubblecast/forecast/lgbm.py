@@ -1,0 +1,186 @@
+"""LightGBM forecaster: one quantile booster per (horizon, quantile), conformal intervals.
+
+Training runs are split by run into train / validation (early stopping) / calibration; the
+conformal shifts of p10 and p90 are fitted on the validation and calibration runs, never on
+the runs the boosters learnt from. Inputs are scale-free
+(unit-bearing features over ``level``) and the target is ``log(y_h / level)``. Boosters are
+saved in LightGBM's native text format; the rest of the state is JSON (no pickle).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from bubblecast.errors import BubblecastError
+from bubblecast.forecast.base import (
+    QUANTILES,
+    Forecaster,
+    dataset_config_of,
+    fit_splits,
+    frame_horizons,
+    generic,
+    horizon_inputs,
+    level_of,
+    log_target,
+    relative_inputs,
+)
+from bubblecast.forecast.conformal import apply_grouped, calibration_groups, grouped_shifts
+
+_LONG_LAG = re.compile(r"^f_u_(peer_)?lag(\d+)$")
+
+
+def tabular_features(columns: list[str] | pd.Index, max_lag: int = 8) -> list[str]:
+    """Shared inputs for tree models: every ``f_*`` except long lag lists (rolling stats cover
+    them) and the constant ``level`` column itself."""
+    out = []
+    for c in columns:
+        if not c.startswith("f_"):
+            continue
+        m = _LONG_LAG.match(c)
+        if m and (int(m.group(2)) >= max_lag or (m.group(1) and int(m.group(2)) >= 1)):
+            continue
+        out.append(c)
+    return out
+
+
+class LGBMForecaster(Forecaster):
+    """Gradient-boosted quantile regression on the tabular features."""
+
+    kind: ClassVar[str] = "lgbm"
+
+    def __init__(self, n_estimators: int = 400, learning_rate: float = 0.08,
+                 num_leaves: int = 63, min_child_samples: int = 20,
+                 feature_fraction: float = 0.8, early_stopping_rounds: int = 30,
+                 val_fraction: float = 0.2, cal_fraction: float = 0.2, coverage: float = 0.8,
+                 max_train_rows: int | None = 200_000, anchor: str = "level",
+                 linear_tree: bool = False, seed: int = 0, n_jobs: int = 1) -> None:
+        self.n_estimators = n_estimators
+        self.learning_rate = learning_rate
+        self.num_leaves = num_leaves
+        self.min_child_samples = min_child_samples
+        self.feature_fraction = feature_fraction
+        self.early_stopping_rounds = early_stopping_rounds
+        self.val_fraction = val_fraction
+        self.cal_fraction = cal_fraction
+        self.coverage = coverage
+        self.max_train_rows = max_train_rows
+        self.anchor = anchor
+        self.linear_tree = linear_tree
+        self.seed = seed
+        self.n_jobs = n_jobs
+
+    def _params(self, alpha: float) -> dict[str, Any]:
+        return {"objective": "quantile", "alpha": alpha, "learning_rate": self.learning_rate,
+                "num_leaves": self.num_leaves, "min_data_in_leaf": self.min_child_samples,
+                "feature_fraction": self.feature_fraction, "bagging_fraction": 0.8,
+                "bagging_freq": 1, "lambda_l2": 1.0, "max_bin": 63, "seed": self.seed,
+                "deterministic": True, "force_col_wise": True, "num_threads": self.n_jobs,
+                "verbosity": -1, "linear_tree": self.linear_tree}
+
+    def _inputs(self, frame: pd.DataFrame, h: int) -> np.ndarray:
+        cols = self.features_ + [f"x{h}_{g[2:]}" for g in self.horizon_features_]
+        return relative_inputs(frame, cols, anchor=self.anchor)
+
+    def fit(self, frame: pd.DataFrame) -> LGBMForecaster:
+        import lightgbm as lgb
+
+        self.horizons_ = frame_horizons(frame)
+        self.dataset_config_ = dataset_config_of(frame)
+        self.features_ = tabular_features(frame.columns)
+        self.horizon_features_ = [generic(c) for c in horizon_inputs(frame.columns,
+                                                                     self.horizons_[0])]
+        masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
+        rng = np.random.default_rng(self.seed)
+        self.boosters_: dict[tuple[int, float], Any] = {}
+        self.best_iterations_: dict[str, int] = {}
+        self.shifts_: dict[int, dict[str, tuple[float, float]]] = {}
+        self.validation_: dict[str, float] = {}
+        names = self.features_ + self.horizon_features_
+        for h in self.horizons_:
+            z = log_target(frame, h, self.anchor)
+            parts = {}
+            for split in ("train", "val", "cal"):
+                rows = np.flatnonzero(masks[split] & np.isfinite(z))
+                if split == "train" and self.max_train_rows and len(rows) > self.max_train_rows:
+                    rows = np.sort(rng.choice(rows, self.max_train_rows, replace=False))
+                parts[split] = rows
+            if len(parts["train"]) == 0 or len(parts["val"]) == 0:
+                raise BubblecastError(f"no training rows with a known target at horizon {h}")
+            sub = {k: frame.iloc[v] for k, v in parts.items()}
+            x = {k: self._inputs(s, h) for k, s in sub.items()}
+            train_set = lgb.Dataset(x["train"], z[parts["train"]], feature_name=names,
+                                    free_raw_data=True)
+            val_set = lgb.Dataset(x["val"], z[parts["val"]], reference=train_set)
+            for q in QUANTILES:
+                booster = lgb.train(
+                    self._params(q), train_set, num_boost_round=self.n_estimators,
+                    valid_sets=[val_set],
+                    callbacks=[lgb.early_stopping(self.early_stopping_rounds, verbose=False)])
+                self.boosters_[(h, q)] = booster
+                self.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
+            cal = np.sort(self._raw(x["cal"], h), axis=1)
+            self.shifts_[h] = grouped_shifts(cal[:, 0], cal[:, 2], z[parts["cal"]],
+                                             calibration_groups(sub["cal"]), self.coverage)
+        return self
+
+    def _raw(self, x: np.ndarray, h: int) -> np.ndarray:
+        cols = []
+        for q in QUANTILES:
+            b = self.boosters_[(h, q)]
+            cols.append(b.predict(x, num_iteration=b.best_iteration or None,
+                                  num_threads=self.n_jobs))
+        return np.column_stack(cols) if cols and len(x) else np.zeros((len(x), 3))
+
+    def predict_signal(self, frame: pd.DataFrame, horizons: list[int]) -> dict[int, np.ndarray]:
+        level = level_of(frame, self.anchor)
+        groups = calibration_groups(frame)
+        out = {}
+        for h in horizons:
+            z = np.sort(self._raw(self._inputs(frame, h), h), axis=1)
+            z = apply_grouped(z, self.shifts_[h], groups)
+            out[h] = level[:, None] * np.exp(z)
+        return out
+
+    # -- persistence: native Booster text files plus JSON state ---------------------------
+    @staticmethod
+    def _file(h: int, q: float) -> str:
+        return f"lgbm_h{h}_q{round(q * 100)}.txt"
+
+    def save_native(self, directory: str) -> list[str]:
+        files = []
+        for (h, q), booster in self.boosters_.items():
+            name = self._file(h, q)
+            booster.save_model(os.path.join(directory, name),
+                               num_iteration=booster.best_iteration or None)
+            files.append(name)
+        return files
+
+    def state(self) -> dict[str, Any]:
+        return {"horizons_": list(self.horizons_), "features_": self.features_,
+                "horizon_features_": self.horizon_features_,
+                "shifts_": {str(h): {g: list(v) for g, v in s.items()}
+                            for h, s in self.shifts_.items()},
+                "best_iterations_": self.best_iterations_}
+
+    def load_state(self, state: dict[str, Any], directory: str) -> LGBMForecaster:
+        import lightgbm as lgb
+
+        super().load_state(state, directory)
+        self.features_ = list(state["features_"])
+        self.horizon_features_ = list(state["horizon_features_"])
+        self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}
+                        for h, s in state["shifts_"].items()}
+        self.best_iterations_ = dict(state.get("best_iterations_", {}))
+        self.boosters_ = {}
+        for h in self.horizons_:
+            for q in QUANTILES:
+                path = os.path.join(directory, self._file(h, q))
+                booster = lgb.Booster(model_file=path)
+                booster.best_iteration = 0  # saved trimmed to the best iteration
+                self.boosters_[(h, q)] = booster
+        return self

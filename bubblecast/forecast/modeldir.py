@@ -1,0 +1,150 @@
+"""Model directories: ``model.json`` (kind, version, horizons, features, metrics) + native files.
+
+``save_model`` writes a directory atomically (a temporary sibling renamed into place);
+``load_model`` reads one back, from a local directory or an MLflow ``models:/name@alias``
+(or ``runs:/``) URI. No pickle anywhere: LightGBM boosters are text, torch weights are loaded
+with ``weights_only=True``, everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bubblecast import __version__
+from bubblecast.dataset.config import FEATURES_VERSION, DatasetConfig
+from bubblecast.errors import BubblecastError
+from bubblecast.forecast.base import Forecaster
+
+MODEL_FILE = "model.json"
+FORMAT = "bubblecast-forecaster"
+FORMAT_VERSION = 1
+MODEL_KINDS: tuple[str, ...] = ("last", "ewma", "rolling_median", "seasonal_naive", "lgbm", "seq")
+
+
+def model_class(kind: str) -> type[Forecaster]:
+    """The forecaster class of ``kind``; one-line error naming the choices otherwise."""
+    if kind in ("last", "ewma", "rolling_median", "seasonal_naive"):
+        from bubblecast.forecast import baselines
+
+        return {"last": baselines.LastValue, "ewma": baselines.EWMA,
+                "rolling_median": baselines.RollingMedian,
+                "seasonal_naive": baselines.SeasonalNaive}[kind]
+    if kind == "lgbm":
+        from bubblecast.forecast.lgbm import LGBMForecaster
+
+        return LGBMForecaster
+    if kind == "seq":
+        from bubblecast.forecast.seq import SeqForecaster
+
+        return SeqForecaster
+    raise BubblecastError(f"unknown model '{kind}' (choose from {', '.join(MODEL_KINDS)})")
+
+
+def make_model(kind: str, **params: Any) -> Forecaster:
+    cls = model_class(kind)
+    accepted = {k: v for k, v in params.items() if k in cls._param_names()}
+    return cls(**accepted)
+
+
+def save_model(model: Forecaster, directory: str | os.PathLike[str],
+               metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+               ) -> Path:
+    """Write ``model`` (fitted) to ``directory``, replacing what was there, atomically."""
+    model._check_fitted()
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        files = model.save_native(str(tmp))
+        state = model.state()
+        doc = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "kind": model.kind,
+            "bubblecast_version": __version__, "features_version": FEATURES_VERSION,
+            "horizons": list(state["horizons_"]),
+            "features": list(getattr(model, "features_", [])) + list(
+                getattr(model, "horizon_features_", [])),
+            "params": model.get_params(), "state": state, "files": files,
+            "metrics": metrics or {}, **(extra or {}),
+        }
+        config = getattr(model, "dataset_config_", None)
+        if config is not None:
+            doc["dataset_config"] = config.to_json()
+        (tmp / MODEL_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True, default=float))
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def read_model_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed ``model.json`` of a model directory, checked; one-line errors otherwise."""
+    d = Path(directory)
+    if not d.exists():
+        raise BubblecastError(f"{d}: model directory does not exist")
+    if not d.is_dir():
+        raise BubblecastError(f"{d}: not a model directory")
+    path = d / MODEL_FILE
+    if not path.is_file():
+        raise BubblecastError(f"{d}: not a bubblecast model directory (no {MODEL_FILE})")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BubblecastError(f"{path}: corrupt model file ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BubblecastError(f"{path}: not a bubblecast forecaster (format "
+                              f"{doc.get('format') if isinstance(doc, dict) else None!r})")
+    if doc.get("features_version") != FEATURES_VERSION:
+        raise BubblecastError(f"{path}: model built for features version "
+                              f"{doc.get('features_version')!r}, this bubblecast uses "
+                              f"{FEATURES_VERSION} (retrain it)")
+    for key in ("kind", "params", "state", "horizons"):
+        if key not in doc:
+            raise BubblecastError(f"{path}: corrupt model file (no '{key}')")
+    missing = [f for f in doc.get("files", []) if not (d / f).is_file()]
+    if missing:
+        raise BubblecastError(f"{d}: corrupt model directory (missing {missing[0]})")
+    return doc
+
+
+def load_model(where: str | os.PathLike[str], tracking_uri: str | None = None) -> Forecaster:
+    """A fitted forecaster from a directory or an MLflow ``models:/`` / ``runs:/`` URI."""
+    text = str(where)
+    if text.startswith(("models:/", "runs:/")):
+        from bubblecast.forecast.tracking import download_model
+
+        with tempfile.TemporaryDirectory(prefix="bubblecast-model-") as tmp:
+            model = load_model(download_model(text, tmp, tracking_uri))
+        model.metadata_["uri"] = text
+        return model
+    doc = read_model_json(where)
+    cls = model_class(str(doc["kind"]))
+    try:
+        model = cls(**{k: v for k, v in doc["params"].items() if k in cls._param_names()})
+        model.load_state(doc["state"], str(where))
+    except BubblecastError:
+        raise
+    except Exception as exc:  # a native file that will not parse, a state that does not fit
+        raise BubblecastError(f"{where}: corrupt model directory ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:160]})") from None
+    model.metadata_ = {k: doc.get(k) for k in ("metrics", "bubblecast_version", "kind",
+                                                "dataset_config", "dataset")}
+    model.dataset_config_ = None
+    if isinstance(doc.get("dataset_config"), dict):
+        try:
+            model.dataset_config_ = DatasetConfig.from_json(doc["dataset_config"])
+        except (TypeError, ValueError) as exc:
+            raise BubblecastError(f"{where}: corrupt model file (dataset_config: {exc})") from None
+    return model

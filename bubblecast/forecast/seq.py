@@ -1,0 +1,293 @@
+"""Torch sequence forecaster: a GRU over the last K steps of the stage and its peers.
+
+Input per row: a ``(K, 2)`` sequence of log-ratios of the stage's own values and of the peer
+median to the row's anchor (oldest first, from the ``f_u_lag*`` and ``f_u_peer_lag*``
+columns), plus the other features as a standardised vector (missing values as 0 with an
+indicator). A multi-horizon head outputs p10/p50/p90 of ``log(y_h / anchor)`` for every
+horizon at once (p10 <= p50 <= p90 by construction), trained with the pinball loss on a
+run-grouped split with early stopping; p10/p90 are then conformally calibrated on held-out
+runs. Deterministic for a seed on CPU; uses CUDA when present. Saved as a ``state_dict`` of
+tensors (loaded with ``weights_only=True``) plus JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from bubblecast.errors import BubblecastError
+from bubblecast.forecast.base import (
+    QUANTILES,
+    Forecaster,
+    dataset_config_of,
+    fit_splits,
+    frame_horizons,
+    level_of,
+    log_target,
+    relative_inputs,
+)
+from bubblecast.forecast.conformal import apply_grouped, calibration_groups, grouped_shifts
+
+_LAG = re.compile(r"^f_u_(peer_)?lag(\d+)$")
+WEIGHTS_FILE = "seq_weights.pt"
+
+
+def _net(channels: int, n_static: int, hidden: int, horizons: int) -> Any:
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(channels, hidden, batch_first=True)
+            self.static = nn.Sequential(nn.Linear(n_static, hidden), nn.ReLU())
+            self.head = nn.Sequential(nn.Linear(2 * hidden, 2 * hidden), nn.ReLU(),
+                                      nn.Linear(2 * hidden, horizons * 3))
+
+        def forward(self, seq: torch.Tensor, static: torch.Tensor) -> torch.Tensor:
+            _, h = self.gru(seq)
+            z = self.head(torch.cat([h[-1], self.static(static)], dim=1)).view(-1, horizons, 3)
+            mid = z[..., 1]
+            lo = mid - nn.functional.softplus(z[..., 0])
+            hi = mid + nn.functional.softplus(z[..., 2])
+            return torch.stack([lo, mid, hi], dim=-1)
+
+    return Net()
+
+
+def _pinball(pred: Any, target: Any) -> Any:
+    """Mean pinball loss over quantiles and the known targets (NaN targets are masked)."""
+    import torch
+
+    taus = torch.tensor(QUANTILES, dtype=pred.dtype, device=pred.device)
+    mask = torch.isfinite(target)
+    t = torch.where(mask, target, torch.zeros_like(target)).unsqueeze(-1)
+    d = t - pred
+    loss = torch.maximum(taus * d, (taus - 1.0) * d).mean(dim=-1)
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+class SeqForecaster(Forecaster):
+    """GRU sequence model with a multi-horizon quantile head."""
+
+    kind: ClassVar[str] = "seq"
+
+    def __init__(self, hidden: int = 32, epochs: int = 30, batch_size: int = 512,
+                 learning_rate: float = 3e-3, patience: int = 4, val_fraction: float = 0.2,
+                 cal_fraction: float = 0.2, coverage: float = 0.8,
+                 max_train_rows: int | None = 200_000, anchor: str = "level", seed: int = 0,
+                 device: str = "auto", n_jobs: int = 1) -> None:
+        self.hidden = hidden
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.patience = patience
+        self.val_fraction = val_fraction
+        self.cal_fraction = cal_fraction
+        self.coverage = coverage
+        self.max_train_rows = max_train_rows
+        self.anchor = anchor
+        self.seed = seed
+        self.device = device
+        self.n_jobs = n_jobs
+
+    # -- inputs ---------------------------------------------------------------------------
+    def _columns(self, columns: pd.Index) -> None:
+        lags = sorted((int(m.group(2)) for c in columns if (m := _LAG.match(c)) and not
+                       m.group(1)), reverse=True)
+        peers = {int(m.group(2)) for c in columns if (m := _LAG.match(c)) and m.group(1)}
+        if not lags:
+            raise BubblecastError("features frame: no 'f_u_lag<k>' columns for the sequence model")
+        self.seq_lags_ = lags
+        self.peer_lags_ = all(k in peers for k in lags)
+        self.static_ = [c for c in columns if c.startswith("f_") and not _LAG.match(c)]
+        self.static_ += [c for h in self.horizons_ for c in columns if c.startswith(f"x{h}_")]
+
+    def _arrays(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        seq_cols = [f"f_u_lag{k}" for k in self.seq_lags_]
+        seq = [relative_inputs(frame, seq_cols, log=True, anchor=self.anchor)]
+        if self.peer_lags_:
+            peer_cols = [f"f_u_peer_lag{k}" for k in self.seq_lags_]
+            seq.append(relative_inputs(frame, peer_cols, log=True, anchor=self.anchor))
+        seq_arr = np.nan_to_num(np.stack(seq, axis=-1), nan=0.0)
+        static = relative_inputs(frame, self.static_, log=True, anchor=self.anchor)
+        if not hasattr(self, "mean_"):
+            with warnings.catch_warnings():  # all-NaN columns (e.g. no tokens) are fine
+                warnings.simplefilter("ignore", RuntimeWarning)
+                self.mean_ = np.nan_to_num(np.nanmean(static, axis=0)).astype(np.float32)
+                std = np.nan_to_num(np.nanstd(static, axis=0))
+            self.std_ = np.where(std > 1e-8, std, 1.0).astype(np.float32)
+            self.missing_ = [j for j in range(static.shape[1]) if np.isnan(static[:, j]).any()]
+        missing = np.isnan(static[:, self.missing_]).astype(np.float32)
+        z = np.clip((static - self.mean_) / self.std_, -10.0, 10.0)
+        static_arr = np.concatenate([np.nan_to_num(z, nan=0.0), missing], axis=1)
+        return seq_arr.astype(np.float32), static_arr.astype(np.float32)
+
+    def _targets(self, frame: pd.DataFrame) -> np.ndarray:
+        return np.column_stack([log_target(frame, h, self.anchor)
+                                for h in self.horizons_]).astype(np.float32)
+
+    # -- training -------------------------------------------------------------------------
+    def _device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def fit(self, frame: pd.DataFrame) -> SeqForecaster:
+        import torch
+
+        for attr in ("mean_", "std_", "missing_"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+        self.horizons_ = frame_horizons(frame)
+        self.dataset_config_ = dataset_config_of(frame)
+        self._columns(frame.columns)
+        masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
+        rng = np.random.default_rng(self.seed)
+        known = np.isfinite(np.column_stack([frame[f"y_h{h}"].to_numpy(dtype=float)
+                                             for h in self.horizons_])).any(axis=1)
+        rows = {k: np.flatnonzero(m & known) for k, m in masks.items()}
+        if self.max_train_rows and len(rows["train"]) > self.max_train_rows:
+            rows["train"] = np.sort(rng.choice(rows["train"], self.max_train_rows, replace=False))
+        data = {}
+        for k in ("train", "val", "cal"):
+            part = frame.iloc[rows[k]]
+            seq, static = self._arrays(part)  # train first: it sets the standardisation
+            data[k] = (seq, static, self._targets(part))
+        threads = torch.get_num_threads()
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        torch.set_num_threads(max(1, self.n_jobs))
+        try:
+            self._train(data, rng)
+        finally:
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic)
+        lo_hi = self._raw(data["cal"][0], data["cal"][1])
+        groups = calibration_groups(frame.iloc[rows["cal"]])
+        self.shifts_ = {h: grouped_shifts(lo_hi[:, j, 0], lo_hi[:, j, 2], data["cal"][2][:, j],
+                                          groups, self.coverage)
+                        for j, h in enumerate(self.horizons_)}
+        return self
+
+    def _train(self, data: dict[str, tuple[np.ndarray, ...]], rng: np.random.Generator) -> None:
+        import torch
+
+        torch.manual_seed(self.seed)
+        device = self._device()
+        if device == "cpu":
+            torch.use_deterministic_algorithms(True)
+        else:
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        seq, static, target = (torch.from_numpy(a).to(device) for a in data["train"])
+        vseq, vstatic, vtarget = (torch.from_numpy(a).to(device) for a in data["val"])
+        self.n_channels_, self.n_static_ = int(seq.shape[2]), int(static.shape[1])
+        net = _net(self.n_channels_, self.n_static_, self.hidden, len(self.horizons_)).to(device)
+        opt = torch.optim.Adam(net.parameters(), lr=self.learning_rate)
+        # Halve the step size as soon as the validation loss stalls; stop after `patience`.
+        sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+        best, best_state, stale = np.inf, None, 0
+        self.history_: list[float] = []
+        n = len(seq)
+        for _epoch in range(self.epochs):
+            net.train()
+            for idx in np.array_split(rng.permutation(n), max(1, n // self.batch_size)):
+                i = torch.from_numpy(idx).to(device)
+                opt.zero_grad()
+                loss = _pinball(net(seq[i], static[i]), target[i])
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+                opt.step()
+            net.eval()
+            with torch.no_grad():
+                val = float(_pinball(self._forward(net, vseq, vstatic), vtarget))
+            self.history_.append(val)
+            sched.step(val)
+            if val < best - 1e-6:
+                best, stale = val, 0
+                best_state = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
+            else:
+                stale += 1
+                if stale >= self.patience:
+                    break
+        net.load_state_dict(best_state)
+        self.net_ = net.cpu().eval()
+        self.best_val_ = float(best)
+
+    @staticmethod
+    def _forward(net: Any, seq: Any, static: Any, batch: int = 8192) -> Any:
+        import torch
+
+        return torch.cat([net(seq[i:i + batch], static[i:i + batch])
+                          for i in range(0, len(seq), batch)]) if len(seq) else \
+            torch.zeros((0, 1, 3))
+
+    def _raw(self, seq: np.ndarray, static: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            out = self._forward(self.net_, torch.from_numpy(seq), torch.from_numpy(static))
+        return out.numpy().astype(np.float64).reshape(len(seq), len(self.horizons_), 3)
+
+    def predict_signal(self, frame: pd.DataFrame, horizons: list[int]) -> dict[int, np.ndarray]:
+        seq, static = self._arrays(frame)
+        raw = self._raw(seq, static)
+        level = level_of(frame, self.anchor)
+        groups = calibration_groups(frame)
+        out = {}
+        for h in horizons:
+            j = self.horizons_.index(h)
+            z = apply_grouped(raw[:, j, :], self.shifts_[h], groups)
+            out[h] = level[:, None] * np.exp(z)
+        return out
+
+    # -- persistence ----------------------------------------------------------------------
+    def save_native(self, directory: str) -> list[str]:
+        import torch
+
+        torch.save({k: v.detach().cpu() for k, v in self.net_.state_dict().items()},
+                   os.path.join(directory, WEIGHTS_FILE))
+        return [WEIGHTS_FILE]
+
+    def state(self) -> dict[str, Any]:
+        return {"horizons_": list(self.horizons_), "seq_lags_": self.seq_lags_,
+                "peer_lags_": self.peer_lags_, "static_": self.static_,
+                "mean_": self.mean_.tolist(), "std_": self.std_.tolist(),
+                "missing_": self.missing_, "n_channels_": self.n_channels_,
+                "n_static_": self.n_static_, "best_val_": self.best_val_,
+                "shifts_": {str(h): {g: list(v) for g, v in s.items()}
+                            for h, s in self.shifts_.items()}}
+
+    @property
+    def features_(self) -> list[str]:
+        lags = [f"f_u_lag{k}" for k in self.seq_lags_]
+        peers = [f"f_u_peer_lag{k}" for k in self.seq_lags_] if self.peer_lags_ else []
+        return lags + peers + self.static_
+
+    def load_state(self, state: dict[str, Any], directory: str) -> SeqForecaster:
+        import torch
+
+        super().load_state(state, directory)
+        self.seq_lags_ = [int(k) for k in state["seq_lags_"]]
+        self.peer_lags_ = bool(state["peer_lags_"])
+        self.static_ = list(state["static_"])
+        self.mean_ = np.asarray(state["mean_"], dtype=np.float32)
+        self.std_ = np.asarray(state["std_"], dtype=np.float32)
+        self.missing_ = [int(j) for j in state["missing_"]]
+        self.n_channels_, self.n_static_ = int(state["n_channels_"]), int(state["n_static_"])
+        self.best_val_ = float(state.get("best_val_", np.nan))
+        self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}
+                        for h, s in state["shifts_"].items()}
+        net = _net(self.n_channels_, self.n_static_, self.hidden, len(self.horizons_))
+        weights = torch.load(os.path.join(directory, WEIGHTS_FILE), map_location="cpu",
+                             weights_only=True)
+        net.load_state_dict(weights)
+        self.net_ = net.eval()
+        return self

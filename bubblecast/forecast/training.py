@@ -1,0 +1,118 @@
+"""What ``bubblecast train`` does: fit on some runs, score on held-out runs, save, log.
+
+The held-out runs (``holdout`` share, whole runs) are never seen by the model; their metrics
+(and skill against the best baseline on the same rows) go into ``model.json`` and MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bubblecast.dataset.splits import split_runs
+from bubblecast.dataset.store import read_features
+from bubblecast.errors import BubblecastError
+from bubblecast.forecast.modeldir import make_model, save_model
+
+#: Runs a learnt model needs (train, validation and calibration runs, plus a held-out one).
+MIN_RUNS = {"lgbm": 3, "seq": 3}
+
+
+def holdout_metrics(evaluation: Any, name: str) -> dict[str, dict[str, Any]]:
+    """Per-horizon metrics of model ``name`` from an :class:`Evaluation`."""
+    rows = evaluation.table[(evaluation.table["scenario"] == "all")
+                            & (evaluation.table["model"] == name)]
+    out = {}
+    for r in rows.itertuples():
+        out[f"h{r.horizon}"] = {"mae": r.mae, "rmse": r.rmse, "mape": r.mape,
+                                "pinball": r.pinball, "coverage_80": r.coverage_80,
+                                "skill": r.skill, "baseline": r.best_baseline, "n": r.n}
+    return out
+
+
+def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathLike[str],
+                params: dict[str, Any] | None = None, holdout: float = 0.2, seed: int = 0,
+                track: bool = True, tracking_uri: str | None = None,
+                register: str | None = None, alias: str | None = None,
+                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train ``kind`` on ``features``; save to ``out``; log to MLflow when ``track``."""
+    note = progress or (lambda _msg: None)
+    note(f"reading {features}")
+    frame, meta = read_features(features)
+    model = make_model(kind, **(params or {}))
+    runs = frame["run_id"].nunique()
+    need = MIN_RUNS.get(kind, 1)
+    fit_frame, test_frame = frame, None
+    if holdout > 0 and runs >= need + 1 and runs >= 2:
+        masks = split_runs(frame, {"fit": 1.0 - holdout, "test": holdout}, seed=seed)
+        if masks["test"].any():
+            fit_frame = frame.loc[masks["fit"]].reset_index(drop=True)
+            test_frame = frame.loc[masks["test"]].reset_index(drop=True)
+            fit_frame.attrs = dict(frame.attrs)  # keeps the dataset config with the model
+    if fit_frame["run_id"].nunique() < need:
+        raise BubblecastError(f"{features}: {kind} needs at least {need} runs to train, the "
+                              f"file has {runs}")
+    note(f"fitting {kind} on {len(fit_frame)} rows")
+    model.fit(fit_frame)
+    metrics: dict[str, Any] = {}
+    evaluation, preds = None, None
+    if test_frame is not None:
+        from bubblecast.forecast.evaluate import evaluate
+
+        note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
+        preds = model.predict_signal(test_frame, list(model.horizons_))
+        evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
+        metrics = holdout_metrics(evaluation, kind)
+    note(f"saving {out}")
+    dataset = {"fingerprint": meta.fingerprint, "path": str(features), "rows": len(frame),
+               "runs": runs, "holdout_runs": sorted(test_frame["run_id"].astype(str).unique())
+               if test_frame is not None else []}
+    save_model(model, out, metrics=metrics, extra={"dataset": dataset})
+    result: dict[str, Any] = {"kind": kind, "out": str(out), "rows": len(fit_frame),
+                              "runs": int(fit_frame["run_id"].nunique()),
+                              "horizons": list(model.horizons_), "metrics": metrics,
+                              "fingerprint": meta.fingerprint}
+    if track:
+        note("logging to MLflow")
+        result.update(_log_training(model, out, fit_frame, test_frame, evaluation, preds, meta,
+                                    holdout, seed, tracking_uri, register, alias))
+    return result
+
+
+def _log_training(model: Any, out: str | os.PathLike[str], fit_frame: Any, test_frame: Any,
+                  evaluation: Any, preds: Any, meta: Any, holdout: float, seed: int,
+                  tracking_uri: str | None, register: str | None, alias: str | None
+                  ) -> dict[str, Any]:
+    from bubblecast.dataset.config import FEATURES_VERSION
+    from bubblecast.forecast.tracking import log_model, metric_dict, mlflow_run
+
+    tags = {"bubblecast.command": "train", "bubblecast.kind": model.kind,
+            "dataset_fingerprint": meta.fingerprint}
+    with mlflow_run(tracking_uri, run_name=f"train-{model.kind}", tags=tags) as mlflow:
+        params = {f"model.{k}": v for k, v in model.get_params().items()}
+        params.update({"kind": model.kind, "seed": seed, "holdout": holdout,
+                       "dataset_fingerprint": meta.fingerprint,
+                       "features_version": FEATURES_VERSION, "rows": len(fit_frame),
+                       "runs": int(fit_frame["run_id"].nunique()),
+                       "horizons": ",".join(map(str, model.horizons_))})
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        if evaluation is not None:
+            mlflow.log_metrics(metric_dict(evaluation.table, "holdout."))
+        mlflow.log_artifact(str(Path(out) / "model.json"))
+        if test_frame is not None and preds is not None:
+            from bubblecast.forecast.plots import plot_forecasts
+
+            with tempfile.TemporaryDirectory() as tmp:
+                png = plot_forecasts(test_frame, preds, Path(tmp) / "forecast_vs_actual.png",
+                                     title=f"{model.kind}: held-out runs")
+                mlflow.log_artifact(str(png))
+        sample_rows = (test_frame if test_frame is not None else fit_frame).head(5)
+        logged = log_model(mlflow, out, sample_rows, register, alias)
+        run_id = mlflow.active_run().info.run_id
+    out_info: dict[str, Any] = {"mlflow_run_id": run_id, "model_uri": logged["model_uri"]}
+    if register:
+        out_info["registered"] = {k: logged[k] for k in ("name", "version", "uri")}
+    return out_info
