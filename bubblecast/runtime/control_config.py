@@ -24,7 +24,7 @@ class ControllerConfig:
     ``forecaster``: a ``module:factory`` import path (custom forecasters, tests); none of
     them: the built-in trend forecaster. ``timeout_s``: deadline of a forecast or service
     call. ``history``: steps kept on rank 0. ``layer_costs``: ``measured`` (median of each
-    layer's first ``cost_samples`` samples) or ``uniform``. ``policy_params``: keyword
+    layer's first ``cost_samples`` forward samples) or ``uniform``. ``policy_params``: keyword
     arguments of the policy. ``bandwidth_Bps``, ``pause_s``, ``optimizer_factor``: the
     migration-cost constants until the run has measured its own migrations (defaults: CPU,
     gloo, Adam; ``benchmarks/results/migration.json``).
@@ -38,7 +38,7 @@ class ControllerConfig:
     timeout_s: float = 0.5
     history: int = 512
     layer_costs: str = "measured"
-    cost_samples: int = 5
+    cost_samples: int = 8
     policy_params: dict[str, Any] = field(default_factory=dict)
     bandwidth_Bps: float = 5e8
     pause_s: float = 0.02

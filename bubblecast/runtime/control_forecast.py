@@ -164,12 +164,17 @@ class ServiceDecider:
     def _model_horizons(self) -> list[int]:
         """The served model's horizons (``/v1/model``), asked once; [1] when unknown."""
         if self.horizons is None:
+            breaker = self.client.breaker
+            if not breaker.allow():
+                raise ForecastUnavailable(f"service {self.url}: circuit open after failures")
             try:
                 resp = self.client._http.get("/v1/model", timeout=self.client.timeout)
                 hz = resp.json().get("horizons") if resp.status_code == 200 else None
             except Exception as exc:  # noqa: BLE001 - fail open
+                breaker.record_failure()
                 raise ForecastUnavailable(f"service {self.url} unavailable "
                                           f"({type(exc).__name__})") from None
+            breaker.record_success()
             self.horizons = [int(h) for h in hz] if hz else [1]
         return self.horizons
 

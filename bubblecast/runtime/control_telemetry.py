@@ -9,9 +9,9 @@ the series the policies read: per-step compute per rank, the partition and micro
 force at each step, and per-layer cost samples.
 
 The policies' *speed* is compute seconds per unit of layer cost held, per micro-batch:
-``compute[t, r] / (M_t x cost held by r at t)``. Layer costs are each layer's median sampled
-cost over its first ``cost_samples`` samples, then frozen, so that a rank that slows down later
-shows up in its speed, not in the costs of the layers it holds.
+``compute[t, r] / (M_t x cost held by r at t)``. Layer costs come from each layer's first
+``cost_samples`` samples, then are frozen, so that a rank that slows down later shows up in its
+speed, not in the costs of the layers it holds.
 """
 
 from __future__ import annotations
@@ -156,16 +156,19 @@ class History:
                     self._tot[i].append(float(tot[r, i]))
 
     def costs(self) -> np.ndarray:
-        """``(L, 3)`` F, B, W cost per layer per micro-batch (median samples; layers without
-        samples take the median of the others; uniform when there are none)."""
+        """``(L, 3)`` F, B, W cost per layer per micro-batch: each layer's median forward
+        sample, times one backward/forward ratio shared by all layers (the median over every
+        sample: a single sample's ratio comes from one micro-batch's ops and is noisy).
+        Layers without samples take the median of the others; uniform when there are none."""
         f = np.array([np.median(s) if s else np.nan for s in self._fwd])
-        t = np.array([np.median(s) if s else np.nan for s in self._tot])
-        if not self.measured or not np.isfinite(t).any():
-            f, t = np.full(self.layers, 1.0 / 3.0), np.ones(self.layers)
+        ratios = [t / x for fs, ts in zip(self._fwd, self._tot, strict=True)
+                  for x, t in zip(fs, ts, strict=True) if x > 0]
+        if not self.measured or not np.isfinite(f).any() or not ratios:
+            f, ratio = np.full(self.layers, 1.0 / 3.0), 3.0
         else:
-            fill = np.isnan(t)
-            f[fill], t[fill] = np.nanmedian(f), np.nanmedian(t)
-        back = np.maximum(t - f, 0.0)
+            f[np.isnan(f)] = np.nanmedian(f)
+            ratio = max(float(np.median(ratios)), 1.0)
+        back = f * (ratio - 1.0)
         if self.split_backward:
             return np.stack([f, back / 2, back / 2], axis=1)
         return np.stack([f, back, np.zeros_like(f)], axis=1)

@@ -70,6 +70,7 @@ def run_job(job_dir: Path, job: dict[str, Any]) -> None:
                 print(f"{PROGRESS_PREFIX} {trainer.step - start} {config.steps} {shown}",
                       flush=True)
     wall = time.perf_counter() - t0
+    controller.finish()
     stats = controller.gather_stats()
     controller.close()
     losses = trainer.gather_losses()

@@ -1,0 +1,317 @@
+"""Live closed loop: static, reactive and predictive repartitioning of a real CPU pipeline.
+
+A 2-stage pipeline (gloo, 2 processes, one thread each) of 12 equal MLP layers (1F1B, SGD)
+trains while the last rank is slowed 2x with a gradual ramp (the runtime's ``--inject``
+emulation: ``rank=1,factor=2.0,start=S,ramp=R,end=E``). Moving 6|6 to 8|4 balances the ranks
+exactly, so the best possible throughput over the slowed period is 1.5x static's.
+
+Default (interleaved): one launch holds one trainer and controller per policy, each on its own
+process groups, plus a second static trainer whose controller is off and a scripted one that
+knows the ramp (7|5 once that pays, 8|4 from factor 1.6, 6|6 after: the best this machine
+allows, migrations included); their steps alternate
+(order rotated every step, a barrier around each step, each trainer on its own step count and
+slowdown timeline), so every policy sees the same background load of this shared machine. A
+step's time runs from the barrier before it to the barrier after it. ``--sequential`` runs the
+policies one launch after another through ``bubblecast run``'s own code path instead (then
+machine-load drift between launches shows in the ratios).
+
+Per policy: throughput (samples/s) over the slowed period ``[S, E)`` and its plateau
+``[S + R, E)``, the ratio to static, the step its first repartition applied, moves, decision
+latency. Controller cost at ``--policy static``: the step-time ratio of the static trainer with
+its controller to the one without (interleaved, same load), and each rank's seconds inside the
+controller (median phases per boundary) over the step time.
+
+    python benchmarks/bench_live.py [--quick] [--every 10] [--sequential]
+
+Prints a table, writes benchmarks/results/live.json and live.png (``--quick``: live-quick.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+POLICIES = ("static", "reactive", "predictive")
+OFF = "static-off"  # static, controller disabled: the overhead reference
+ORACLE = "scripted-best"  # knows the ramp: 7|5 once it pays, 8|4 from factor 1.6, 6|6 after
+FULL = {"steps": 440, "start": 100, "ramp": 60, "end": 400}
+QUICK = {"steps": 180, "start": 40, "ramp": 30, "end": 160}
+PHASES = ("gather_s", "decide_s", "broadcast_s")
+
+
+def train_config(steps: int, inject: str | None, run_id: str, hidden: int) -> Any:
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+
+    return TrainConfig(model=ModelSpec(kind="mlp", layers=12, hidden=hidden), stages=2,
+                       microbatches=4, schedule="1f1b", steps=steps, batch_size=64,
+                       optimizer="sgd", lr=1e-3, inject=inject, run_id=run_id,
+                       layer_cost_every=10, seed=0)
+
+
+def inject_spec(scale: dict[str, int]) -> str:
+    return f"rank=1,factor=2.0,start={scale['start']},ramp={scale['ramp']},end={scale['end']}"
+
+
+# -- interleaved: one launch, one trainer per policy ------------------------------------------
+def worker(job_dir: Path) -> None:
+    """Runs on each rank under torchrun: the trainers' steps alternate, barrier-timed."""
+    import torch
+    import torch.distributed as dist
+
+    from bubblecast.policy.actions import Repartition
+    from bubblecast.runtime.config import TrainConfig
+    from bubblecast.runtime.control_config import ControllerConfig
+    from bubblecast.runtime.controller import Controller
+    from bubblecast.runtime.trainer import Trainer, init_distributed
+
+    job = json.loads((job_dir / "bench.json").read_text())
+    init_distributed("gloo")
+    torch.set_num_threads(1)
+    names = list(job["runs"])
+    trainers, controllers = {}, {}
+    for name in names:
+        spec = job["runs"][name]
+        trainers[name] = Trainer(TrainConfig.from_json(spec["config"]),
+                                 group=dist.new_group(backend="gloo"))
+        controllers[name] = Controller(trainers[name], ControllerConfig.from_json(spec["control"]))
+        controllers[name].enabled = spec["enabled"]
+    scripts = {n: {int(a["step"]): a["partition"] for a in job["runs"][n].get("script", [])}
+               for n in names}
+    sync = dist.new_group(backend="gloo")
+    step_s: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(job["steps"]):
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            dist.barrier(group=sync)
+            t0 = time.perf_counter()
+            if step in scripts[name]:
+                trainers[name].apply(Repartition(tuple(scripts[name][step])))
+            trainers[name].train_step()
+            controllers[name].after_step()
+            dist.barrier(group=sync)
+            step_s[name].append(time.perf_counter() - t0)
+    out = {}
+    for name in names:
+        ctl, tr = controllers[name], trainers[name]
+        ctl.finish()
+        stats = ctl.gather_stats()
+        out[name] = {"step_s": step_s[name], "actions": tr.actions, "decisions": ctl.decisions,
+                     "partition": list(tr.plan.partition), "control": stats,
+                     "forecaster": ctl.note}
+    if dist.get_rank() == 0:
+        (job_dir / "result.json").write_text(json.dumps(out, default=float))
+    dist.destroy_process_group()
+
+
+def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
+    from bubblecast.runtime.control_config import ControllerConfig
+    from bubblecast.runtime.launch import failure_message, launch
+
+    runs = {}
+    for name in (*POLICIES, OFF, ORACLE):
+        policy = name if name in POLICIES else "static"
+        config = train_config(scale["steps"], inject_spec(scale), f"live-{name}", args.hidden)
+        runs[name] = {"config": config.to_json(), "enabled": name in POLICIES,
+                      "control": ControllerConfig(policy=policy, every=args.every).to_json()}
+    start, ramp = scale["start"], scale["ramp"]
+    runs[ORACLE]["script"] = [  # factor 1 + (t - start + 1) / ramp; 7|5 wins above 7/6
+        {"step": start + int(np.ceil(ramp / 6)), "partition": [7, 5]},
+        {"step": start + int(np.ceil(0.6 * ramp)), "partition": [8, 4]},
+        {"step": scale["end"], "partition": [6, 6]}]
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        job_dir = Path(tmp)
+        (job_dir / "bench.json").write_text(json.dumps({"runs": runs, "steps": scale["steps"]}))
+        code = launch(job_dir, 2, script=__file__, timeout=1800)
+        if code != 0:
+            sys.exit(f"benchmark failed: {failure_message(job_dir)}")
+        return json.loads((job_dir / "result.json").read_text())
+
+
+# -- sequential: one `bubblecast run` launch per policy ----------------------------------------
+def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
+    from bubblecast.runtime.control_config import ControllerConfig
+    from bubblecast.runtime.control_job import launch_controlled
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        for name in POLICIES:
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            config = train_config(scale["steps"], inject_spec(scale), f"live-{name}",
+                                  args.hidden)
+            s = launch_controlled(config, ControllerConfig(policy=name, every=args.every),
+                                  Path(tmp) / f"{name}.parquet", timeout=1800)
+            out[name] = {"step_s": np.diff(np.r_[0.0, s["step_end_s"]]).tolist(),
+                         "actions": s["actions"], "decisions": s["decisions"],
+                         "partition": s["partition"], "control": s["control"],
+                         "forecaster": s.get("forecaster")}
+    return out
+
+
+# -- figures --------------------------------------------------------------------------------
+def summarise(raw: dict[str, Any], scale: dict[str, int], every: int) -> dict[str, Any]:
+    """Per policy: throughputs, ratios to static, first action, moves, latency, control."""
+    lo, hi, flat, batch = scale["start"], scale["end"], scale["start"] + scale["ramp"], 64
+    out: dict[str, Any] = {}
+    for name, r in raw.items():
+        step = np.asarray(r["step_s"])
+
+        def rate(a: int, b: int, step: np.ndarray = step) -> float:
+            return (b - a) * batch / float(step[a:b].sum())
+
+        moves = [a for a in r["actions"] if a.get("ok") and a.get("from") != a.get("to")]
+        lat = [d["latency_s"] for d in r["decisions"]]
+        typical = max(sum(c[f"median_{k}"] for k in PHASES) for c in r["control"])
+        out[name] = {
+            "step_s": step.tolist(),
+            "samples_s_before": rate(10, lo), "samples_s_slowed": rate(lo, hi),
+            "samples_s_plateau": rate(flat, hi),
+            "first_action_step": moves[0]["step"] if moves else None,
+            "first_response_step": next((a["step"] for a in moves if a["step"] >= lo
+                                         and a["to"][0] > a["to"][-1]), None),
+            "actions": [{"step": a["step"], "from": a["from"], "to": a["to"],
+                         "seconds": a["seconds"]} for a in moves],
+            "final_partition": r["partition"], "decisions": len(r["decisions"]),
+            "decision_latency_ms": 1e3 * float(np.mean(lat)) if lat else 0.0,
+            "control_pct": 100.0 * max(c["control_s"] for c in r["control"]) / step.sum(),
+            "control_pct_median": 100.0 * typical / (every * float(np.median(step))),
+            "control": r["control"], "forecaster": r["forecaster"],
+            "reasons": [{"step": d["step"], "action": d["action"]["action"],
+                         "reason": d["reason"], "speed_recent": d.get("speed_recent")}
+                        for d in r["decisions"]],
+        }
+    base = out["static"]
+    for r in out.values():
+        for key in ("slowed", "plateau"):
+            r[f"ratio_{key}"] = r[f"samples_s_{key}"] / base[f"samples_s_{key}"]
+    return out
+
+
+def overhead(results: dict[str, Any], every: int) -> dict[str, Any] | None:
+    """Static with its controller against static without (paired interleaved steps)."""
+    if OFF not in results:
+        return None
+    on, off = np.asarray(results["static"]["step_s"]), np.asarray(results[OFF]["step_s"])
+    keep = slice(10, None)
+    ratio = float(on[keep].mean() / off[keep].mean())
+    return {"every": every, "step_s_on": float(on[keep].mean()),
+            "step_s_off": float(off[keep].mean()), "ratio_on_off": ratio,
+            "overhead_pct_ab": 100.0 * (ratio - 1.0),
+            "overhead_pct_ab_paired_median": 100.0 * float(np.median(on[keep] / off[keep]) - 1),
+            "overhead_pct_direct": results["static"]["control_pct"],
+            "overhead_pct_median_phases": results["static"]["control_pct_median"]}
+
+
+def plot(results: dict[str, Any], scale: dict[str, int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bubblecast.telemetry.io import atomic_write
+
+    colors = {"static": "0.45", "reactive": "tab:orange", "predictive": "tab:blue",
+              ORACLE: "tab:green"}
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ax.axvspan(scale["start"], scale["end"], color="0.93", label="rank 1 slowed (ramp to 2x)")
+    ax.axvline(scale["start"] + scale["ramp"], color="0.8", lw=0.8, ls=":")
+    k = 9
+    for name in (*POLICIES, ORACLE):
+        if name not in results:
+            continue
+        r = results[name]
+        y = np.asarray(r["step_s"]) * 1e3
+        smooth = np.convolve(np.pad(y, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
+        ax.plot(np.arange(len(y)), smooth, lw=1.2 if name != ORACLE else 0.9,
+                ls="-" if name != ORACLE else "--", color=colors[name], label=name)
+        for a in r["actions"]:
+            s = min(a["step"], len(y) - 1)
+            ax.scatter([s], [smooth[s]], marker="v", s=60, color=colors[name], zorder=3,
+                       edgecolors="k", linewidths=0.5)
+            ax.annotate("|".join(map(str, a["to"])), (s, smooth[s]), fontsize=7,
+                        textcoords="offset points", xytext=(2, 6), color=colors[name])
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"step time (ms, {k}-step mean)")
+    ax.set_title("Live 2-stage CPU pipeline, 12 layers, rank 1 slowed 2x: step time per policy "
+                 "(markers: repartitions)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps (for the demo)")
+    ap.add_argument("--every", type=int, default=10, help="steps between decisions")
+    ap.add_argument("--hidden", type=int, default=512, help="MLP width")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one `bubblecast run` launch per policy instead of interleaving")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
+    args = ap.parse_args(argv)
+    scale = QUICK if args.quick else FULL
+    out = args.out or RESULTS / ("live-quick.json" if args.quick else "live.json")
+    t0 = time.perf_counter()
+    raw = run_sequential(args, scale) if args.sequential else run_interleaved(args, scale)
+    results = summarise(raw, scale, args.every)
+    cost = overhead(results, args.every)
+    pred, react = results["predictive"], results["reactive"]
+    goals = {"optimum_ratio": 1.5, "predictive_ratio_slowed": pred["ratio_slowed"],
+             "scripted_best_ratio_slowed": results.get(ORACLE, {}).get("ratio_slowed"),
+             "predictive_ge_1_35": pred["ratio_slowed"] >= 1.35,
+             "predictive_acts_before_reactive": pred["first_action_step"] is not None and (
+                 react["first_action_step"] is None
+                 or pred["first_action_step"] < react["first_action_step"]),
+             "predictive_responds_before_reactive": pred["first_response_step"] is not None
+             and (react["first_response_step"] is None
+                  or pred["first_response_step"] < react["first_response_step"])}
+    doc = {"benchmark": "live", "machine": platform.platform(), "cpus": os.cpu_count(),
+           "backend": "gloo", "ranks": 2, "mode": "sequential" if args.sequential
+           else "interleaved", "inject": inject_spec(scale),
+           "model": f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd",
+           "command": "python benchmarks/bench_live.py " + " ".join(argv or sys.argv[1:]),
+           "wall_s": time.perf_counter() - t0, "scale": scale, "every": args.every,
+           "policies": results, "overhead": cost, "goals": goals}
+    from bubblecast.telemetry.io import atomic_write_text
+
+    atomic_write_text(out, json.dumps(doc, indent=1, default=float))
+    plot(results, scale, out.with_suffix(".png"))
+    print(f"{'policy':14} {'before/s':>9} {'slowed/s':>9} {'ratio':>6} {'plateau':>8} "
+          f"{'first act':>9} {'responds':>8} {'moves':>5} {'final':>6} {'decide ms':>9}")
+    for name in (*POLICIES, ORACLE):
+        if name not in results:
+            continue
+        r = results[name]
+        first, resp = (("-" if r[k] is None else str(r[k]))
+                       for k in ("first_action_step", "first_response_step"))
+        print(f"{name:14} {r['samples_s_before']:9.1f} {r['samples_s_slowed']:9.1f} "
+              f"{r['ratio_slowed']:6.3f} {r['ratio_plateau']:8.3f} {first:>9} {resp:>8} "
+              f"{len(r['actions']):5d} {'|'.join(map(str, r['final_partition'])):>6} "
+              f"{r['decision_latency_ms']:9.2f}")
+    if cost:
+        print(f"controller cost at static (every {args.every}): with/without step time "
+              f"{cost['ratio_on_off']:.4f} ({cost['overhead_pct_ab']:+.2f}%; paired median "
+              f"{cost['overhead_pct_ab_paired_median']:+.2f}%), inside the controller "
+              f"{cost['overhead_pct_direct']:.2f}% of step time (median phases "
+              f"{cost['overhead_pct_median_phases']:.2f}%)")
+    print(f"slowed period [{scale['start']}, {scale['end']}), ramp {scale['ramp']} steps; "
+          f"goals: {json.dumps(goals)}")
+    print(f"wrote {out} and {out.with_suffix('.png')} ({doc['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:
+        worker(Path(sys.argv[1]))
+    else:
+        sys.exit(main())

@@ -1,0 +1,159 @@
+"""``bubblecast run``: ``collect`` plus the closed-loop controller (policy, forecaster).
+
+Same options as ``collect`` (validated the same way, before any process starts) plus the
+policy, the forecaster (``--model`` in process or ``--service``) and the decision interval;
+``collect``'s ``--model mlp|gpt`` (the example network) is ``--arch`` here, since ``--model``
+names the forecaster as everywhere else (``serve``, ``policy-eval``).
+Writes the events file and an actions JSON (every decision, NoOps included, and every action
+applied), both atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bubblecast.cli import app
+from bubblecast.cli.common import emit_json, parse_int_list
+from bubblecast.errors import BubblecastError
+
+
+def default_actions_path(out: Path) -> Path:
+    """``run.parquet`` -> ``run.actions.json`` beside it."""
+    return out.with_name(f"{out.stem}.actions.json")
+
+
+@app.command()
+def run(
+    out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
+    policy: str = typer.Option("static", "--policy", help="static, reactive or predictive."),
+    model_uri: str | None = typer.Option(
+        None, "--model",
+        help="Forecaster of the predictive policy, served in process: a model directory or a "
+        "models:/ URI. Default: the policy's built-in trend forecaster."),
+    service: str | None = typer.Option(
+        None, "--service", help="URL of a running `bubblecast serve` to ask for actions "
+        "(/v1/recommend) instead; fail-open: no answer in time keeps the current plan."),
+    every: int = typer.Option(10, "--every", help="Steps between decisions."),
+    forecast_timeout: float = typer.Option(
+        0.5, "--forecast-timeout", help="Seconds a forecast or service call may take."),
+    actions_file: Path | None = typer.Option(
+        None, "--actions", help="Actions JSON to write (default: OUT's stem + .actions.json)."),
+    arch: str = typer.Option("mlp", "--arch",
+                             help="Example model: mlp or gpt (collect's --model; here --model "
+                                  "names the forecaster)."),
+    layers: int = typer.Option(8, "--layers", help="Layers of the model."),
+    stages: int = typer.Option(2, "--stages", help="Pipeline stages (one process each)."),
+    microbatches: int = typer.Option(4, "--microbatches", help="Micro-batches per step."),
+    steps: int = typer.Option(50, "--steps", help="Optimizer steps to run."),
+    schedule: str = typer.Option("1f1b", "--schedule",
+                                 help="gpipe, 1f1b, interleaved, zb-h1 (controllable); "
+                                      "others run under --policy static."),
+    chunks: int | None = typer.Option(None, "--chunks", help="Model chunks per rank."),
+    partition: str | None = typer.Option(None, "--partition",
+                                         help="Layers per (virtual) stage, e.g. 3,5."),
+    inject: str | None = typer.Option(None, "--inject",
+                                      help="Emulated slowdown, e.g. rank=1,factor=2.0,start=100,"
+                                           "ramp=50,end=400 or rank=0,every=50,extra=0.2."),
+    action: list[str] | None = typer.Option(None, "--action",
+                                            help="Scripted action before a step, repeatable: "
+                                                 "20:repartition=3,5 | 30:microbatches=8."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the model and the data."),
+    batch_size: int | None = typer.Option(None, "--batch-size",
+                                          help="Samples per step (default 4 x micro-batches)."),
+    hidden: int = typer.Option(64, "--hidden", help="Hidden width."),
+    seq_len: int = typer.Option(32, "--seq-len", help="Sequence length (gpt)."),
+    vocab: int = typer.Option(256, "--vocab", help="Vocabulary size (gpt)."),
+    heads: int = typer.Option(4, "--heads", help="Attention heads (gpt)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or float64."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="sgd, adam or adamw."),
+    lr: float = typer.Option(1e-3, "--lr", help="Learning rate."),
+    flush_every: int = typer.Option(50, "--flush-every", help="Steps between Parquet writes."),
+    layer_cost_every: int = typer.Option(10, "--layer-cost-every",
+                                         help="Steps between per-layer cost samples (0 = off: "
+                                              "the controller assumes equal layers)."),
+    profile: Path | None = typer.Option(None, "--profile",
+                                        help="Directory for torch.profiler (Kineto) traces."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: file stem)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Train a pipeline here with a policy repartitioning it live; write events and actions."""
+    from bubblecast.cli.collect_cmd import parse_actions
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.control_config import ControllerConfig, check_controllable
+    from bubblecast.runtime.control_job import launch_controlled, write_actions
+
+    spec = ModelSpec(kind=arch, layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
+                     heads=heads, dtype=dtype)
+    parts = parse_int_list(partition, "--partition")
+    config = TrainConfig(
+        model=spec, stages=stages, microbatches=microbatches, schedule=schedule, chunks=chunks,
+        partition=tuple(parts) if parts else None, steps=steps,
+        batch_size=batch_size if batch_size is not None else 4 * max(microbatches, 1),
+        seed=seed, optimizer=optimizer, lr=lr, inject=inject,
+        run_id=run_id or out.stem or "run", flush_every=flush_every,
+        layer_cost_every=layer_cost_every, profile_dir=str(profile) if profile else None)
+    scripted = parse_actions(action)
+    control = ControllerConfig(policy=policy, every=every, model=model_uri, service=service,
+                               timeout_s=forecast_timeout,
+                               layer_costs="measured" if layer_cost_every else "uniform")
+    plan = config.plan
+    check_controllable(plan.schedule, plan.stages, plan.microbatches, plan.chunks, control)
+    actions_path = actions_file or default_actions_path(out)
+    for option, path in (("--out", out), ("--actions", actions_path)):
+        if path.exists() and path.is_dir():
+            raise BubblecastError(f"{option}: {path} is a directory")
+    if actions_path.resolve() == out.resolve():
+        raise BubblecastError("--actions: must differ from --out")
+    forecaster = None
+    if model_uri is not None:
+        from bubblecast.runtime.control_forecast import check_model_source
+
+        forecaster = check_model_source(model_uri)
+    summary = _launch_with_progress(config, control, out, scripted, launch_controlled)
+    write_actions(actions_path, summary, control, config.run_id)
+    losses = list(summary["losses"].values())
+    result = {
+        "out": str(out), "actions_file": str(actions_path), "run_id": config.run_id,
+        "policy": policy, "every": every, "forecaster": summary.get("forecaster") or forecaster,
+        "steps": steps, "stages": stages, "schedule": plan.schedule,
+        "initial_partition": list(plan.partition), "partition": summary["partition"],
+        "rows": summary["rows"], "wall_s": summary["wall_s"],
+        "mean_step_s": summary["mean_step_s"],
+        "throughput_samples_s": summary["throughput_samples_s"],
+        "throughput_steps_s": summary["throughput_steps_s"],
+        "actions_taken": summary["actions_taken"],
+        "first_action_step": summary["first_action_step"],
+        "decisions": summary["decisions_made"],
+        "decision_latency_s": summary["decision_latency_s"],
+        "control_pct_of_wall": summary["control_pct_of_wall"],
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "emulated_slowdown": inject,
+    }
+    if json_out:
+        emit_json(result)
+        return
+    typer.echo(f"wrote {out} and {actions_path}: {steps} steps x {stages} stages "
+               f"({plan.schedule}), policy {policy}, {1e3 * result['mean_step_s']:.2f} ms/step, "
+               f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
+               f"action(s), partition {result['initial_partition']} -> {result['partition']}")
+
+
+def _launch_with_progress(config: object, control: object, out: Path, scripted: list,
+                          launch_controlled: object) -> dict:
+    """Run the job; rank 0's progress as a rich bar on stderr when it is a terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]run"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[loss]}"), console=console,
+                  disable=not console.is_terminal) as bar:
+        task = bar.add_task("run", total=config.steps, loss="")  # type: ignore[attr-defined]
+
+        def update(step: int, total: int, loss: float | None) -> None:
+            bar.update(task, completed=step, loss="" if loss is None else f"loss {loss:.4g}")
+
+        return launch_controlled(config, control, out, scripted=scripted,  # type: ignore
+                                 on_progress=update)

@@ -1,0 +1,208 @@
+"""The closed-loop controller: telemetry packing, fail-open decisions, ``bubblecast run``.
+
+The ``dist`` tests launch two processes (gloo): a reactive policy facing a 3x straggler moves
+layers on both ranks at the same step boundary and the training math still equals the
+single-process reference; a forecaster that raises, then hangs, leaves training on the
+current plan with NoOps that say why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bubblecast.cli import main
+from bubblecast.errors import BubblecastError
+from bubblecast.runtime.control_config import ControllerConfig
+from bubblecast.runtime.control_forecast import DeadlineRunner, ForecastUnavailable
+from bubblecast.runtime.control_telemetry import History, held_cost, pack, unpack
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = 1e-6
+
+
+class FlakyForecaster:
+    """Raises on its first call, hangs (2 s) on every later one."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forecast(self, state: object, horizons: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("forecaster down")
+        time.sleep(2.0)
+        return np.ones((len(horizons), 2, 3))
+
+
+def flaky_forecaster() -> FlakyForecaster:
+    return FlakyForecaster()
+
+
+# -- pure pieces --------------------------------------------------------------------------
+def test_pack_unpack_round_trip() -> None:
+    samples = [{"layer": 2, "forward_s": 0.5, "total_s": 1.5},
+               {"layer": 2, "forward_s": 0.25, "total_s": 1.0}]  # the latest wins
+    a = pack([1.0, 2.0, 3.0], 4, samples, 5)
+    b = pack([4.0, 5.0, 6.0, 7.0, 8.0], 4, [], 5)  # more steps than the window: the last 4
+    compute, fwd, tot = unpack(np.stack([a, b]), 4, 5)
+    assert compute.shape == (3, 2)  # the shorter rank bounds the common steps
+    assert compute[:, 0].tolist() == [1.0, 2.0, 3.0] and compute[:, 1].tolist() == [5, 6, 7]
+    assert fwd[0, 2] == 0.25 and tot[0, 2] == 1.0 and np.isnan(tot[1]).all()
+
+
+def test_speeds_recover_a_slowdown_whatever_the_partition() -> None:
+    layers, m = 12, 4
+    h = History(2, layers, cost_samples=3)
+    per_layer = np.linspace(1.0, 2.0, layers)  # forward seconds per layer, unequal
+    h.add_samples(np.tile(per_layer, (2, 1)), np.tile(3 * per_layer, (2, 1)))
+    costs = h.costs()
+    assert np.allclose(costs.sum(axis=1), 3 * per_layer)
+    parts = [(6, 6), (6, 6), (8, 4), (9, 3)]
+    slow = np.array([1.0, 2.0])
+    held = held_cost(np.asarray(parts), costs.sum(axis=1), 2)
+    compute = held * m * slow
+    h.add([0, 1, 2, 3], compute, parts, [m] * 4)
+    assert np.allclose(h.speeds(costs), np.tile(slow, (4, 1)))
+
+
+def test_held_cost_follows_interleaved_placement() -> None:
+    # 2 ranks x 2 chunks: virtual stage v runs on rank v % 2
+    held = held_cost(np.array([[1, 2, 3, 4]]), np.ones(10), 2)
+    assert held.tolist() == [[4.0, 6.0]]
+
+
+def test_deadline_runner_gives_up_and_refuses_while_busy() -> None:
+    runner = DeadlineRunner(0.05)
+    assert runner(lambda x: x + 1, 1) == 2
+    with pytest.raises(ValueError, match="boom"):
+        runner(lambda: (_ for _ in ()).throw(ValueError("boom")))
+    with pytest.raises(ForecastUnavailable, match="timed out"):
+        runner(time.sleep, 0.5)
+    with pytest.raises(ForecastUnavailable, match="still running"):
+        runner(lambda: 1)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"policy": "oracle"}, "--policy"),
+    ({"every": 0}, "--every"),
+    ({"policy": "static", "model": "models/x"}, "only the predictive policy"),
+    ({"policy": "predictive", "model": "m", "service": "http://x"}, "not both"),
+    ({"policy": "predictive", "service": "ftp://x"}, "expected an http"),
+    ({"timeout_s": 0.0}, "--forecast-timeout"),
+    ({"policy": "reactive", "policy_params": {"windw": 3}}, "policy_params"),
+])
+def test_controller_config_refuses_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(BubblecastError, match=message):
+        ControllerConfig(**kwargs)
+
+
+# -- the CLI refuses bad input before anything starts ------------------------------------
+BASE = ["run", "--arch", "mlp", "--layers", "8", "--stages", "2", "--microbatches", "4",
+        "--steps", "5"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--policy", "magic"], "--policy"),
+    (["--every", "0"], "--every"),
+    (["--policy", "static", "--model", "models/default"], "only the predictive policy"),
+    (["--policy", "predictive", "--model", "no/such/dir"], "not a model directory"),
+    (["--policy", "predictive", "--service", "localhost:8000"], "http(s)://"),
+    (["--policy", "reactive", "--schedule", "zbv"], "models gpipe, 1f1b"),
+    (["--partition", "3,4"], "sums to 7"),
+    (["--inject", "rank=1,factor=fast"], "'factor' must be a number"),
+    (["--forecast-timeout", "0"], "--forecast-timeout"),
+    (["--action", "3:teleport=1"], "--action"),
+])
+def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import bubblecast.runtime.control_job as job
+
+    def no_launch(*a: object, **k: object) -> None:
+        raise AssertionError("launched despite a bad request")
+
+    monkeypatch.setattr(job, "launch_controlled", no_launch)
+    code = main([*BASE, *extra, "--out", str(tmp_path / "e.parquet")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("bubblecast: error:") and message in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- two processes ---------------------------------------------------------------------------
+def _reference_losses(steps: int) -> list[float]:
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.reference import Reference
+
+    config = TrainConfig(model=ModelSpec(kind="mlp", layers=8, hidden=32, dtype="float64"),
+                         stages=2, microbatches=4, steps=steps, batch_size=16,
+                         optimizer="adam", lr=1e-2, seed=0)
+    return Reference(config).run(steps)
+
+
+@pytest.mark.dist
+def test_reactive_moves_layers_on_both_ranks_at_one_boundary(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from bubblecast.telemetry import read_events
+
+    steps = 24
+    out = tmp_path / "run.parquet"
+    code = main([*BASE[:-2], "--steps", str(steps), "--hidden", "32", "--dtype", "float64",
+                 "--lr", "1e-2", "--policy", "reactive", "--every", "5",
+                 "--inject", "rank=1,factor=3.0", "--out", str(out), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    doc = json.loads((tmp_path / "run.actions.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.actions.json", "run.parquet"]
+    moves = [a for a in doc["applied"] if a["ok"] and a["from"] != a["to"]]
+    assert moves and result["actions_taken"] == len(moves)
+    first = moves[0]
+    assert first["to"][0] > first["from"][0]  # layers leave the slowed rank
+    decided = [d for d in doc["decisions"] if d["action"]["action"] == "repartition"]
+    assert decided[0]["step"] == first["step"] and decided[0]["latency_s"] >= 0
+    assert all(d["reason"] for d in doc["decisions"])
+    # Both ranks switch at the same step boundary: the layers each held, per step.
+    f = read_events(out).frame
+    held = f.loc[f["op"] == "F"].groupby(["step", "stage"])["layers"].first().unstack()
+    assert (held.sum(axis=1) == 8).all()
+    changed = held.index[(held.diff().abs().sum(axis=1) > 0)].tolist()
+    assert changed[0] == first["step"]
+    assert held.loc[first["step"]].tolist() == first["to"]
+    assert held.loc[first["step"] - 1].tolist() == first["from"]
+    # The math is the single-process reference's, migrations included.
+    ref = _reference_losses(steps)
+    assert abs(result["first_loss"] - ref[0]) < TOL and abs(result["last_loss"] - ref[-1]) < TOL
+
+
+@pytest.mark.dist
+def test_a_failing_or_hanging_forecaster_keeps_the_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.control_job import launch_controlled
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers import the flaky forecaster
+    steps = 30
+    config = TrainConfig(model=ModelSpec(kind="mlp", layers=8, hidden=32, dtype="float64"),
+                         stages=2, microbatches=4, steps=steps, batch_size=16,
+                         optimizer="adam", lr=1e-2, seed=0, inject="rank=1,factor=3.0",
+                         run_id="flaky")
+    control = ControllerConfig(policy="predictive", every=5, timeout_s=0.2,
+                               forecaster=f"{__name__}:flaky_forecaster")
+    s = launch_controlled(config, control, tmp_path / "flaky.parquet", timeout=240)
+    reasons = [d["reason"] for d in s["decisions"]]
+    assert all(d["action"]["action"] == "noop" for d in s["decisions"])
+    assert any("decision failed (RuntimeError: forecaster down)" in r for r in reasons)
+    assert any("timed out after 0.2 s" in r for r in reasons)
+    assert all(d["applied"] is None for d in s["decisions"])
+    assert s["actions"] == [] and s["partition"] == [4, 4]
+    assert len(s["step_end_s"]) == steps  # training went on
+    ref = _reference_losses(steps)
+    losses = list(s["losses"].values())
+    assert np.allclose(losses, ref, rtol=0, atol=TOL)
