@@ -59,6 +59,7 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700; a model directory is meant to be shared
     try:
         files = model.save_native(str(tmp))
         state = model.state()

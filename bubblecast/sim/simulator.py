@@ -188,10 +188,11 @@ def simulate_events(config: SimConfig) -> Events:
         "layers": layers_rank[step, stage],
     })
     if any(d.tokens is not None for d in draws):
-        tok = np.stack([d.tokens if d.tokens is not None
-                        else np.zeros((steps, replicas, config.microbatches), dtype=np.int64)
+        # Runs without token counts get nulls (unknown), never 0 tokens.
+        tok = np.stack([d.tokens.astype(np.float64) if d.tokens is not None
+                        else np.full((steps, replicas, config.microbatches), np.nan)
                         for d in draws])  # (runs, steps, replicas, m)
-        frame["tokens"] = tok[run_codes, step, replica, mb]
+        frame["tokens"] = pd.array(tok[run_codes, step, replica, mb], dtype="Int64")
     speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
     frame["speed"] = speed[run_codes, step, rank]
     from bubblecast.telemetry.validate import normalize_frame

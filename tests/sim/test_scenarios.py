@@ -139,3 +139,14 @@ def test_noise_does_not_depend_on_the_partition():
     stage = c["stage"].to_numpy()
     for s, want in enumerate([3 / 4, 5 / 4, 1, 1]):
         np.testing.assert_allclose(ratio[stage == s], want, rtol=1e-9)
+
+
+def test_runs_without_token_counts_get_nulls_not_zero_tokens():
+    from bubblecast.sim.simulator import SimConfig, simulate_events
+
+    events = simulate_events(SimConfig(schedule="1f1b", stages=2, microbatches=2, steps=30,
+                                       scenario="mixed", runs=4, seed=3))
+    by_run = events.frame.groupby("run_id", observed=True)["tokens"]
+    assert (by_run.min().dropna() > 0).all()
+    share_missing = by_run.apply(lambda s: s.isna().mean())
+    assert set(share_missing.round(6)) <= {0.0, 1.0}
