@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all bench lint format clean
+.PHONY: demo test test-all bench lint fix clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,11 +28,9 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bubblecast tests benchmarks
-	$(BIN)/ruff format --check bubblecast tests benchmarks
 
-format: $(STAMP)
+fix: $(STAMP)
 	$(BIN)/ruff check --fix bubblecast tests benchmarks
-	$(BIN)/ruff format bubblecast tests benchmarks
 
 clean:
 	rm -rf $(VENV) bubblecast-demo .pytest_cache .ruff_cache
