@@ -173,6 +173,13 @@ def _live(r: dict[str, Any]) -> str:
                 if r.get("ideal_speedup") else ".")]
     if r.get("note"):
         parts.append(f"**Note:** {r['note']}.")
+    ideal = r.get("ideal_speedup")
+    beyond = [n for n, p in r["policies"].items()
+              if ideal and (p.get("speedup_vs_static") or 0) > ideal * 1.02]
+    if beyond:
+        parts.append(f"**Caution:** {', '.join(beyond)} beat the {ideal:.2f}x that compute "
+                     "alone allows, so part of that speed-up is machine load that changed "
+                     "between the runs (they run one after another); read it as noise, not gain.")
     if r.get("model"):
         parts.append(f"The predictive policy forecasts with the champion model `{r['model']}`.")
     parts += [_table(["policy", "mean step (ms)", "slowed step (ms)", "slowed steps/s",
