@@ -258,7 +258,8 @@ def in_process(model_dir: Path, reqs: list[bytes], n: int) -> dict:
         pred.forecast(parsed[i % len(parsed)])
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return {"calls": n, "wall_p50_ms": round(float(np.median(wall) * 1e3), 3),
+    return {"calls": n, "predict_path": getattr(pred.loaded.model, "predict_path", None),
+            "wall_p50_ms": round(float(np.median(wall) * 1e3), 3),
             "wall_p99_ms": round(float(np.percentile(wall, 99) * 1e3), 3),
             "cpu_mean_ms": round(float(np.mean(cpu) * 1e3), 3)}
 

@@ -59,6 +59,15 @@ class Forecaster:
         """``{h: (n, 3) array}`` of p10/p50/p90 of ``y`` at t+h for each row of ``frame``."""
         raise NotImplementedError
 
+    def matrix_columns(self, horizons: list[int]) -> list[str]:
+        """Column names, in order, of the matrix :meth:`predict_matrix` takes (fast path)."""
+        raise NotImplementedError(f"{type(self).__name__} has no matrix prediction path")
+
+    def predict_matrix(self, X: np.ndarray, horizons: list[int]) -> np.ndarray:
+        """``(n, H, 3)`` quantiles of ``y`` from a float matrix in :meth:`matrix_columns` order:
+        the numbers of :meth:`predict_signal` without building a frame (serving hot path)."""
+        raise NotImplementedError(f"{type(self).__name__} has no matrix prediction path")
+
     def predict(self, frame: pd.DataFrame, horizons: list[int] | None = None) -> pd.DataFrame:
         """Quantile forecasts, one row per (input row, horizon), in ``y`` units and seconds."""
         self._check_fitted()

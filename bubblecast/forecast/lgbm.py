@@ -18,6 +18,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.base import (
+    ANCHORS,
     QUANTILES,
     Forecaster,
     dataset_config_of,
@@ -89,6 +90,7 @@ class LGBMForecaster(Forecaster):
     def fit(self, frame: pd.DataFrame) -> LGBMForecaster:
         import lightgbm as lgb
 
+        self.__dict__.pop("_plans", None)  # input plans of a previous fit
         self.horizons_ = frame_horizons(frame)
         self.dataset_config_ = dataset_config_of(frame)
         self.features_ = tabular_features(frame.columns)
@@ -146,6 +148,61 @@ class LGBMForecaster(Forecaster):
             out[h] = level[:, None] * np.exp(z)
         return out
 
+    # -- fast path: a plain float matrix in, no frames -------------------------------------
+    def matrix_columns(self, horizons: list[int]) -> list[str]:
+        """Column order of the ``X`` that :meth:`predict_matrix` takes for ``horizons``: the
+        shared inputs, each horizon's inputs, then the anchor column and ``f_tokens_ratio``
+        (which picks the conformal group; NaN = no known-ahead tokens)."""
+        self._check_fitted()
+        cols = list(self.features_)
+        for h in horizons:
+            cols += [f"x{h}_{g[2:]}" for g in self.horizon_features_]
+        return cols + [ANCHORS[self.anchor], "f_tokens_ratio"]
+
+    def predict_matrix(self, X: np.ndarray, horizons: list[int]) -> np.ndarray:
+        """``(n, H, 3)`` p10/p50/p90 of ``y`` from ``X`` ``(n, len(matrix_columns(horizons)))``:
+        the numbers :meth:`predict_signal` gives for a frame holding those columns (same
+        float32 inputs, one ``Booster.predict`` per booster over all rows, same shifts)."""
+        self._check_fitted()
+        hz = [int(h) for h in horizons]
+        unknown = [h for h in hz if h not in self.shifts_]
+        if unknown:
+            raise BubblecastError(f"{self.kind} model forecasts horizons "
+                                  f"{list(self.horizons_)}, not {unknown}")
+        X = np.asarray(X, dtype=np.float64)
+        nf, nh = len(self.features_), len(self.horizon_features_)
+        if X.ndim != 2 or X.shape[1] != nf + nh * len(hz) + 2:
+            raise BubblecastError(f"{self.kind} model: input matrix has shape {X.shape}, "
+                                  f"expected (n, {nf + nh * len(hz) + 2})")
+        anchor = X[:, -2]
+        level = np.where(np.isfinite(anchor), np.maximum(anchor, 1e-12), np.nan)
+        groups = np.isfinite(X[:, -1]).astype(np.int64)
+        out = np.empty((X.shape[0], len(hz), 3))
+        for i, h in enumerate(hz):
+            cols, scaled = self._matrix_plan(i, h)
+            values = X[:, cols]
+            values = np.ascontiguousarray(  # C order: LightGBM copies F-order input first
+                np.where(scaled, values / level[:, None], values), dtype=np.float32)
+            z = np.sort(self._raw(values, h), axis=1)
+            z = apply_grouped(z, self.shifts_[h], groups)
+            out[:, i] = level[:, None] * np.exp(z)
+        return out
+
+    def _matrix_plan(self, i: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in ``X`` of horizon ``h``'s inputs (it is the ``i``-th requested) and
+        which of them are divided by the anchor; cached."""
+        cache = self.__dict__.setdefault("_plans", {})
+        key = (i, h, len(self.features_), len(self.horizon_features_))
+        plan = cache.get(key)
+        if plan is None:
+            from bubblecast.dataset.features import is_scaled
+
+            nf, nh = len(self.features_), len(self.horizon_features_)
+            names = self.features_ + [f"x{h}_{g[2:]}" for g in self.horizon_features_]
+            cols = np.r_[np.arange(nf), nf + i * nh + np.arange(nh)].astype(np.intp)
+            plan = cache[key] = (cols, np.array([is_scaled(c) for c in names])[None, :])
+        return plan
+
     # -- persistence: native Booster text files plus JSON state ---------------------------
     @staticmethod
     def _file(h: int, q: float) -> str:
@@ -171,6 +228,7 @@ class LGBMForecaster(Forecaster):
         import lightgbm as lgb
 
         super().load_state(state, directory)
+        self.__dict__.pop("_plans", None)
         self.features_ = list(state["features_"])
         self.horizon_features_ = list(state["horizon_features_"])
         self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}

@@ -8,10 +8,11 @@ runs the dataset's own :func:`~bubblecast.dataset.features.build_features` and p
 the origin row of each stage. Features never look ahead (the dataset stage tests that), so the
 padding changes nothing but the known-ahead inputs. That exact path costs tens of milliseconds;
 with ``fast=True`` (default) and a model whose inputs :mod:`bubblecast.serve.features`
-computes, the origin row comes from numpy instead (about a millisecond), fed to the model's own
-``predict_signal``. The fast path is used only if, when the model loads, it reproduces the
-exact path's input columns and forecasts on probe windows; otherwise the service logs a
-warning and stays exact (``/v1/model`` reports which: ``feature_path``).
+computes, the origin row comes from numpy instead (under a millisecond), fed to the model's
+``predict_matrix`` as a plain float array when it has one (LightGBM), else to its own
+``predict_signal`` on a light column frame. The fast path is used only if, when the model
+loads, it reproduces the exact path's input columns and forecasts on probe windows; otherwise
+the service logs a warning and stays exact (``/v1/model`` reports which: ``feature_path``).
 """
 
 from __future__ import annotations
@@ -122,14 +123,31 @@ class FeatureModel:
 
             if FastFeatures.covers(forecaster, self.config):
                 # Lightest first; each is kept only if it forecasts exactly as the pandas path.
-                for light in (True, False):
-                    self.fast = FastFeatures(forecaster, self.config, light=light)
+                for mode in self._fast_modes(forecaster):
+                    self.fast = FastFeatures(forecaster, self.config, mode=mode)
                     if self._fast_agrees():
                         break
                     self.fast = None
             if self.fast is None:
                 log.warning("model %s: served through the pandas feature path (slower)",
                             self.name)
+
+    @staticmethod
+    def _fast_modes(forecaster: Any) -> list[str]:
+        """Fast paths to try, lightest first: the frame-free ``predict_matrix`` only for a
+        forecaster that implements it (the base class raises NotImplementedError)."""
+        modes = ["light", "frame"]
+        try:
+            forecaster.matrix_columns([int(h) for h in forecaster.horizons_])
+        except Exception:  # noqa: BLE001 - no matrix path: NotImplementedError, missing attrs
+            return modes
+        return ["matrix", *modes]
+
+    @property
+    def predict_path(self) -> str:
+        """How the forecaster is called: ``matrix`` (its ``predict_matrix`` on a float
+        array) or ``signal`` (its ``predict_signal`` on a frame)."""
+        return "matrix" if self.fast is not None and self.fast.mode == "matrix" else "signal"
 
     @property
     def feature_path(self) -> str:

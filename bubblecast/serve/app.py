@@ -5,7 +5,10 @@ one from at start-up) to the routes. A pure-ASGI guard in front of every route c
 bearer token (constant-time), caps the request body (Content-Length and the bytes actually
 streamed) and records Prometheus metrics; handlers run the predictor directly on the event
 loop, since a forecast is a bounded sub-millisecond computation and a thread hop would cost
-more than it saves. Reloads run in a worker thread and swap the model in one assignment.
+more than it saves. A well-formed ``POST /v1/forecast`` is answered by the guard itself from
+the buffered body (pydantic parses the JSON; no routing or dependency solving); anything it
+declines goes to the FastAPI route, so errors and the OpenAPI schema stay the route's. Reloads
+run in a worker thread and swap the model in one assignment.
 """
 
 from __future__ import annotations
@@ -77,14 +80,34 @@ async def _reply(send: Send, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-class Guard:
-    """ASGI middleware: auth (401), body cap (413) and metrics, before any route runs."""
+#: A hot-route handler: the JSON reply bytes for a body, or None to let the app answer.
+FastHandler = Callable[[bytes], "bytes | None"]
 
-    def __init__(self, app: Any, metrics: Metrics, config: ServeConfig) -> None:
+
+def _json_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """True when FastAPI would read the body as plain JSON: no content-type, or exactly one
+    whose media type is ``application/json``."""
+    types = [v for k, v in headers if k.lower() == b"content-type"]
+    return not types or (len(types) == 1 and
+                         types[0].split(b";", 1)[0].strip().lower() == b"application/json")
+
+
+class Guard:
+    """ASGI middleware: auth (401), body cap (413) and metrics, before any route runs.
+
+    ``fast`` maps POST paths to handlers that answer a well-formed request straight from the
+    buffered body (no routing, no dependency solving, JSON parsed by pydantic's own parser);
+    whatever a handler declines (None) goes to the FastAPI route, which gives the exact
+    status and error body.
+    """
+
+    def __init__(self, app: Any, metrics: Metrics, config: ServeConfig,
+                 fast: dict[str, FastHandler] | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.expected = f"Bearer {config.token.strip()}".encode() if config.token else None
         self.limit = config.max_body_bytes
+        self.fast = dict(fast or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,7 +160,14 @@ class Guard:
                 chunks.append(body)
                 if not message.get("more_body", False):
                     break
-            receive = _replay(b"".join(chunks), receive)
+            data = b"".join(chunks)
+            handler = self.fast.get(scope["path"]) if scope.get("method") == "POST" else None
+            if handler is not None and _json_body(scope.get("headers") or []):
+                out = handler(data)
+                if out is not None:
+                    await _reply(send, 200, out)
+                    return
+            receive = _replay(data, receive)
         await self.app(scope, receive, send)
 
     async def _too_large(self, send: Send) -> None:
@@ -318,5 +348,17 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
                             status_code=409, media_type=JSON)
         return await model_info()
 
-    app.add_middleware(Guard, metrics=metrics, config=config)
+    def fast_forecast(body: bytes) -> bytes | None:
+        """``/v1/forecast`` for a valid request; None (the route answers) on anything else."""
+        pred = svc.predictor
+        if pred is None:
+            return None
+        try:
+            req = ForecastRequest.model_validate_json(body)
+            return pred.forecast(req).model_dump_json().encode()
+        except Exception:  # noqa: BLE001 - the route repeats it and answers with the error
+            return None
+
+    app.add_middleware(Guard, metrics=metrics, config=config,
+                       fast={"/v1/forecast": fast_forecast})
     return app

@@ -31,26 +31,35 @@ def _median_last(a: np.ndarray) -> np.ndarray:
 
 
 class _Blocks:
-    """Feature rows collected as ``(k, P)`` blocks, concatenated once at the end."""
+    """Feature rows collected as blocks, written once into one float64 matrix at the end.
+
+    A block is an array broadcastable to ``(k, P)`` or a list of ``k`` rows broadcastable to
+    ``(P,)``; nothing is stacked or converted per block (many tiny numpy calls otherwise)."""
 
     def __init__(self, p: int) -> None:
         self.p = p
         self.names: list[str] = []
-        self.blocks: list[np.ndarray] = []
+        self.blocks: list[tuple[int, Any]] = []
 
-    def add(self, name: str, values: np.ndarray) -> None:
+    def add(self, name: str, values: Any) -> None:
         self.names.append(name)
-        self.blocks.append(np.asarray(values, dtype=np.float64).reshape(1, self.p))
+        self.blocks.append((1, [values]))
 
-    def add_block(self, names: list[str], values: np.ndarray) -> None:
+    def add_block(self, names: list[str], values: Any) -> None:
+        self.blocks.append((len(names), values))
         self.names.extend(names)
-        v = np.asarray(values, dtype=np.float64)
-        if v.shape != (len(names), self.p):
-            v = np.broadcast_to(v, (len(names), self.p))
-        self.blocks.append(v)
 
     def matrix(self) -> np.ndarray:
-        return np.concatenate(self.blocks, axis=0).astype(np.float32)
+        out = np.empty((len(self.names), self.p))
+        i = 0
+        for k, values in self.blocks:
+            if isinstance(values, list):
+                for j, row in enumerate(values):
+                    out[i + j] = row
+            else:
+                out[i:i + k] = values
+            i += k
+        return out.astype(np.float32)
 
 
 def _spikes(y: np.ndarray, cfg: Any, out: _Blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +86,7 @@ def _spikes(y: np.ndarray, cfg: Any, out: _Blocks) -> tuple[np.ndarray, np.ndarr
     regular = np.isfinite(period2) & (np.abs(period - period2) <= 1)
     out.add_block(["f_spike", "f_since_spike", "f_spike_period", "f_spike_regular",
                    "f_spike_count"],
-                  np.stack([spike[o], since, period, regular, spike[-cfg.history:].sum(axis=0)]))
+                  [spike[o], since, period, regular, spike[-cfg.history:].sum(axis=0)])
     return since, np.where(regular, period, np.nan)
 
 
@@ -100,7 +109,7 @@ def _acf(y: np.ndarray, cfg: Any, out: _Blocks) -> np.ndarray:
     best = r.max(axis=1)
     first = np.argmax(r >= (best - 0.05)[:, None], axis=1)
     period = np.where(best > 0.6, lags[first], np.nan).astype(np.float64)
-    out.add_block(["f_acf_peak", "f_acf_period"], np.stack([best.astype(np.float64), period]))
+    out.add_block(["f_acf_peak", "f_acf_period"], [best.astype(np.float64), period])
     return period
 
 
@@ -116,7 +125,7 @@ def _window_stats(y: np.ndarray, w: int, quantiles: Sequence[float], out: _Block
     hi = np.minimum(lo + 1, w - 1)
     qs = tail[lo] + (h - lo)[:, None] * (tail[hi] - tail[lo])
     out.add_block([f"f_u_mean_w{w}", f"f_u_std_w{w}", f"f_u_min_w{w}", f"f_u_max_w{w}"],
-                  np.stack([mean, np.broadcast_to(std, mean.shape), tail[0], tail[-1]]))
+                  [mean, std, tail[0], tail[-1]])
     out.add_block([f"f_u_q{round(x * 100)}_w{w}" for x in quantiles], qs)
     return qs
 
@@ -165,8 +174,7 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
         ratio = y / peer[:, None]
     out.add_block(["f_peer_ratio", "f_replica_ratio", "f_pipeline_ratio", "f_u_peer_med",
                    "f_peer_ratio_m5"],
-                  np.stack([ratio[-1], np.ones(p), ratio[-1], np.full(p, peer[-1]),
-                            ratio[-cfg.windows[0]:].mean(axis=0)]))
+                  [ratio[-1], 1.0, ratio[-1], peer[-1], ratio[-cfg.windows[0]:].mean(axis=0)])
     out.add_block([f"f_u_peer_lag{k}" for k in range(cfg.lags)],
                   peer[::-1][: cfg.lags, None])
     layers = window.layers if window.layers is not None else np.full((t, p), np.nan)
@@ -175,8 +183,8 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     since_rep = np.minimum(np.where(changed.any(axis=0), hit, float(t)), cfg.history)
     tokens = window.tokens if window.tokens is not None else np.full((t, p), np.nan)
     out.add_block(["f_layers", "f_cost_share", "f_since_repartition", "f_tokens_ratio"],
-                  np.stack([layers[-1], window.cost[-1] / window.cost[-1].sum(), since_rep,
-                            tokens[-1] / tokens[-cfg.windows[1]:].mean(axis=0)]))
+                  [layers[-1], window.cost[-1] / window.cost[-1].sum(), since_rep,
+                   tokens[-1] / tokens[-cfg.windows[1]:].mean(axis=0)])
     hz = np.asarray(horizons, dtype=np.float64)[:, None]  # (H, 1)
     ok_p = np.isfinite(period)[None, :]
     per = np.where(ok_p, period[None, :], 1.0)
@@ -200,7 +208,7 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
                 # tokens2 / tokens is tokens / microbatches for equal microbatches
                 "tokens2_ratio": (tok_h / mb) / (tokens[-1] / mb)}
     for i, h in enumerate(horizons):
-        out.add_block([f"x{h}_{k}" for k in rows], np.stack([v[i] for v in rows.values()]))
+        out.add_block([f"x{h}_{k}" for k in rows], [v[i] for v in rows.values()])
     return out.names, out.matrix(), np.maximum(level, 1e-12)
 
 
@@ -260,13 +268,23 @@ class ColumnFrame:
 
 
 class FastFeatures:
-    """Origin rows from :func:`origin_matrix`, predicted by the forecaster's own
-    ``predict_signal``: as a :class:`ColumnFrame` (``light``) or a small pandas frame."""
+    """Origin rows from :func:`origin_matrix`, predicted by the forecaster: straight from the
+    matrix by its ``predict_matrix`` (``mode="matrix"``: no frame at all), or by its own
+    ``predict_signal`` on a :class:`ColumnFrame` (``"light"``) or a small pandas frame
+    (``"frame"``)."""
 
-    def __init__(self, forecaster: Any, cfg: Any, light: bool = True) -> None:
+    MODES = ("matrix", "light", "frame")
+
+    def __init__(self, forecaster: Any, cfg: Any, light: bool = True,
+                 mode: str | None = None) -> None:
+        mode = mode or ("light" if light else "frame")
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
         self.forecaster = forecaster
         self.cfg = cfg
-        self.light = light
+        self.mode = mode
+        self.light = mode != "frame"
+        self._plans: dict[tuple[int, ...], np.ndarray] = {}
 
     @staticmethod
     def needed(forecaster: Any) -> set[str]:
@@ -297,6 +315,27 @@ class FastFeatures:
         frame["level"] = level
         return frame
 
+    def _plan(self, names: list[str], horizons: tuple[int, ...]) -> np.ndarray:
+        """Rows of ``[origin matrix; level]`` in the forecaster's ``matrix_columns`` order
+        (NaN row where the origin has no such column); cached per horizons."""
+        plan = self._plans.get(horizons)
+        if plan is None:
+            where = {n: i for i, n in enumerate(names)}
+            where["level"] = len(names)
+            cols = self.forecaster.matrix_columns(list(horizons))
+            plan = np.array([where.get(c, len(names) + 1) for c in cols], dtype=np.intp)
+            self._plans[horizons] = plan
+        return plan
+
     def predict(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
+        if self.mode == "matrix":
+            names, matrix, level = origin_matrix(window, self.cfg, horizons)
+            full = np.empty((matrix.shape[0] + 2, matrix.shape[1]))
+            full[:-2] = matrix
+            full[-2] = level
+            full[-1] = np.nan
+            X = full[self._plan(names, tuple(int(h) for h in horizons))].T
+            return np.asarray(self.forecaster.predict_matrix(X, list(horizons)),
+                              dtype=np.float64)
         preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
         return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)

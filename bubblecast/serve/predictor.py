@@ -180,14 +180,18 @@ class Predictor:
         pipe = req.pipeline
         pg = pipeline_graph(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks)
         step, bubble = step_times(pg, fc.seconds[:, :, 1].T, pipe.op_weights, pipe.comm_s)
+        # Every value below is already a checked int or finite float list, so the response is
+        # assembled without re-validation (model_construct), the same object either way.
+        per_rank = fc.seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists
         ranks = []
-        for s, i in enumerate(fc.index):
-            r = req.ranks[int(i)]
-            q = fc.seconds[s]
-            ranks.append(RankForecast(rank=r.rank, stage=r.stage, p10=q[:, 0].tolist(),
-                                      p50=q[:, 1].tolist(), p90=q[:, 2].tolist()))
-        return ForecastResponse(model=loaded.ref, horizons=list(req.horizons), ranks=ranks,
-                                bubble_fraction=bubble.tolist(), step_time_s=step.tolist())
+        for s, i in enumerate(fc.index.tolist()):
+            r = req.ranks[i]
+            p10, p50, p90 = per_rank[s]
+            ranks.append(RankForecast.model_construct(rank=r.rank, stage=r.stage, p10=p10,
+                                                      p50=p50, p90=p90))
+        return ForecastResponse.model_construct(
+            model=loaded.ref, horizons=list(req.horizons), ranks=ranks,
+            bubble_fraction=bubble.tolist(), step_time_s=step.tolist())
 
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""
