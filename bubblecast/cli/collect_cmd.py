@@ -2,18 +2,110 @@
 
 Everything is validated before any process starts (exit 2 and one line on a bad request);
 the events file (SPEC §1, with the ``layers`` and ``tokens`` columns and the run metadata) is
-written atomically by rank 0 at the end.
+written atomically by rank 0 at the end. The training options and the config built from them
+are shared with ``bubblecast run`` (:func:`with_train_options`, :func:`train_config`).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping
+from copy import copy
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, parse_int_list
 from bubblecast.errors import BubblecastError
+
+if TYPE_CHECKING:
+    from bubblecast.runtime.config import TrainConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The training options after a command's own, in ``--help`` order: name -> (type, option).
+TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "layers": (int, typer.Option(8, "--layers", help="Layers of the model.")),
+    "stages": (int, typer.Option(2, "--stages", help="Pipeline stages (one process each).")),
+    "microbatches": (int, typer.Option(4, "--microbatches", help="Micro-batches per step.")),
+    "steps": (int, typer.Option(50, "--steps", help="Optimizer steps to run.")),
+    "schedule": (str, typer.Option("1f1b", "--schedule",
+                                   help="gpipe, 1f1b, interleaved, zb-h1, zb-interleaved, zbv, "
+                                        "dualpipev (or a torch schedule class name).")),
+    "chunks": (int | None, typer.Option(None, "--chunks", help="Model chunks per rank.")),
+    "partition": (str | None, typer.Option(None, "--partition",
+                                           help="Layers per (virtual) stage, e.g. 3,5.")),
+    "inject": (str | None, typer.Option(None, "--inject",
+                                        help="Emulated slowdown, e.g. rank=1,factor=2.0,"
+                                             "start=100,ramp=50,end=400 or rank=0,every=50,"
+                                             "extra=0.2.")),
+    "action": (list[str] | None, typer.Option(None, "--action",
+                                              help="Scripted action before a step, repeatable: "
+                                                   "20:repartition=3,5 | 30:microbatches=8 | "
+                                                   "40:schedule=interleaved.")),
+    "seed": (int, typer.Option(0, "--seed", help="Seed of the model and the data.")),
+    "batch_size": (int | None, typer.Option(None, "--batch-size",
+                                            help="Samples per step (default 4 x micro-batches).")),
+    "hidden": (int, typer.Option(64, "--hidden", help="Hidden width.")),
+    "seq_len": (int, typer.Option(32, "--seq-len", help="Sequence length (gpt).")),
+    "vocab": (int, typer.Option(256, "--vocab", help="Vocabulary size (gpt).")),
+    "heads": (int, typer.Option(4, "--heads", help="Attention heads (gpt).")),
+    "dtype": (str, typer.Option("float32", "--dtype", help="float32 or float64.")),
+    "optimizer": (str, typer.Option("adam", "--optimizer", help="sgd, adam or adamw.")),
+    "lr": (float, typer.Option(1e-3, "--lr", help="Learning rate.")),
+    "flush_every": (int, typer.Option(50, "--flush-every",
+                                      help="Steps between Parquet writes.")),
+    "layer_cost_every": (int, typer.Option(10, "--layer-cost-every",
+                                           help="Steps between per-layer cost samples "
+                                                "(0 = off).")),
+    "profile": (Path | None, typer.Option(None, "--profile",
+                                          help="Directory for torch.profiler (Kineto) traces.")),
+    "run_id": (str | None, typer.Option(None, "--run-id", help="Run id (default: file stem).")),
+    "json_out": (bool, typer.Option(False, "--json", help="Print one JSON object.")),
+}
+_MODEL_FIELDS = ("layers", "hidden", "seq_len", "vocab", "heads", "dtype")
+_TRAIN_FIELDS = ("stages", "microbatches", "schedule", "chunks", "steps", "seed", "optimizer",
+                 "lr", "inject", "flush_every", "layer_cost_every")
+
+
+def with_train_options(**help_text: str) -> Callable[[F], F]:
+    """Give a command :data:`TRAIN_OPTIONS` after its own options, passed in its ``**options``.
+
+    ``help_text``: option name -> the help to show instead of collect's. Typer reads the
+    command's ``__signature__``, so the options are declared once for ``collect`` and ``run``.
+    """
+    def decorate(func: F) -> F:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        added = []
+        for name, (kind, option) in TRAIN_OPTIONS.items():
+            if name in help_text:
+                option = copy(option)
+                option.help = help_text[name]
+            added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                           default=option, annotation=kind))
+        func.__signature__ = sig.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def train_config(out: Path, model: str, options: Mapping[str, Any]) -> TrainConfig:
+    """The validated :class:`TrainConfig` of the events file ``out``, the example ``model``
+    (``--model`` in ``collect``, ``--arch`` in ``run``) and the :data:`TRAIN_OPTIONS` values."""
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+
+    spec = ModelSpec(kind=model, **{name: options[name] for name in _MODEL_FIELDS})
+    parts = parse_int_list(options["partition"], "--partition")
+    batch_size, profile = options["batch_size"], options["profile"]
+    return TrainConfig(
+        model=spec, **{name: options[name] for name in _TRAIN_FIELDS},
+        partition=tuple(parts) if parts else None,
+        batch_size=batch_size if batch_size is not None else 4 * max(options["microbatches"], 1),
+        run_id=options["run_id"] or out.stem or "run",
+        profile_dir=str(profile) if profile else None)
 
 
 def parse_actions(items: list[str] | None) -> list[dict]:
@@ -44,63 +136,21 @@ def parse_actions(items: list[str] | None) -> list[dict]:
 
 
 @app.command()
+@with_train_options()
 def collect(
     out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
     model: str = typer.Option("mlp", "--model", help="Example model: mlp or gpt."),
-    layers: int = typer.Option(8, "--layers", help="Layers of the model."),
-    stages: int = typer.Option(2, "--stages", help="Pipeline stages (one process each)."),
-    microbatches: int = typer.Option(4, "--microbatches", help="Micro-batches per step."),
-    steps: int = typer.Option(50, "--steps", help="Optimizer steps to run."),
-    schedule: str = typer.Option("1f1b", "--schedule",
-                                 help="gpipe, 1f1b, interleaved, zb-h1, zb-interleaved, zbv, "
-                                      "dualpipev (or a torch schedule class name)."),
-    chunks: int | None = typer.Option(None, "--chunks", help="Model chunks per rank."),
-    partition: str | None = typer.Option(None, "--partition",
-                                         help="Layers per (virtual) stage, e.g. 3,5."),
-    inject: str | None = typer.Option(None, "--inject",
-                                      help="Emulated slowdown, e.g. rank=1,factor=2.0,start=100,"
-                                           "ramp=50,end=400 or rank=0,every=50,extra=0.2."),
-    action: list[str] | None = typer.Option(None, "--action",
-                                            help="Scripted action before a step, repeatable: "
-                                                 "20:repartition=3,5 | 30:microbatches=8 | "
-                                                 "40:schedule=interleaved."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the model and the data."),
-    batch_size: int | None = typer.Option(None, "--batch-size",
-                                          help="Samples per step (default 4 x micro-batches)."),
-    hidden: int = typer.Option(64, "--hidden", help="Hidden width."),
-    seq_len: int = typer.Option(32, "--seq-len", help="Sequence length (gpt)."),
-    vocab: int = typer.Option(256, "--vocab", help="Vocabulary size (gpt)."),
-    heads: int = typer.Option(4, "--heads", help="Attention heads (gpt)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or float64."),
-    optimizer: str = typer.Option("adam", "--optimizer", help="sgd, adam or adamw."),
-    lr: float = typer.Option(1e-3, "--lr", help="Learning rate."),
-    flush_every: int = typer.Option(50, "--flush-every", help="Steps between Parquet writes."),
-    layer_cost_every: int = typer.Option(10, "--layer-cost-every",
-                                         help="Steps between per-layer cost samples (0 = off)."),
-    profile: Path | None = typer.Option(None, "--profile",
-                                        help="Directory for torch.profiler (Kineto) traces."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: file stem)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    **options: Any,
 ) -> None:
     """Train a pipeline under torchrun on this machine and write its events file."""
     import json
     import shutil
     import tempfile
 
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.launch import failure_message, launch, write_job
 
-    spec = ModelSpec(kind=model, layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
-                     heads=heads, dtype=dtype)
-    parts = parse_int_list(partition, "--partition")
-    config = TrainConfig(
-        model=spec, stages=stages, microbatches=microbatches, schedule=schedule, chunks=chunks,
-        partition=tuple(parts) if parts else None, steps=steps,
-        batch_size=batch_size if batch_size is not None else 4 * max(microbatches, 1),
-        seed=seed, optimizer=optimizer, lr=lr, inject=inject,
-        run_id=run_id or out.stem or "run", flush_every=flush_every,
-        layer_cost_every=layer_cost_every, profile_dir=str(profile) if profile else None)
-    actions = parse_actions(action)
+    config = train_config(out, model, options)
+    actions = parse_actions(options["action"])
     if out.exists() and out.is_dir():
         raise BubblecastError(f"--out: {out} is a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,18 +165,19 @@ def collect(
         shutil.rmtree(job_dir, ignore_errors=True)
     losses = list(summary["losses"].values())
     result = {
-        "out": str(out), "run_id": config.run_id, "rows": summary["rows"], "steps": steps,
-        "stages": stages, "schedule": config.plan.schedule,
+        "out": str(out), "run_id": config.run_id, "rows": summary["rows"],
+        "steps": config.steps, "stages": config.stages, "schedule": config.plan.schedule,
         "microbatches": summary["microbatches"], "partition": summary["partition"],
         "wall_s": summary["wall_s"], "step_time_s": summary["step_time_s"],
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "actions": summary["actions"], "emulated_slowdown": inject,
+        "actions": summary["actions"], "emulated_slowdown": config.inject,
     }
-    if json_out:
+    if options["json_out"]:
         emit_json(result)
     else:
-        typer.echo(f"wrote {out}: {result['rows']} rows, {steps} steps x {stages} stages "
-                   f"({config.plan.schedule}), {1e3 * result['step_time_s']:.2f} ms/step, "
+        typer.echo(f"wrote {out}: {result['rows']} rows, {config.steps} steps x "
+                   f"{config.stages} stages ({config.plan.schedule}), "
+                   f"{1e3 * result['step_time_s']:.2f} ms/step, "
                    f"loss {result['first_loss']:.4g} -> {result['last_loss']:.4g}")
 
 

@@ -11,11 +11,13 @@ applied), both atomically.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json, parse_int_list
+from bubblecast.cli.collect_cmd import parse_actions, train_config, with_train_options
+from bubblecast.cli.common import emit_json
 from bubblecast.errors import BubblecastError
 
 
@@ -25,6 +27,13 @@ def default_actions_path(out: Path) -> Path:
 
 
 @app.command()
+@with_train_options(
+    schedule="gpipe, 1f1b, interleaved, zb-h1 (controllable); others run under --policy "
+             "static.",
+    action="Scripted action before a step, repeatable: 20:repartition=3,5 | "
+           "30:microbatches=8.",
+    layer_cost_every="Steps between per-layer cost samples (0 = off: the controller "
+                     "assumes equal layers).")
 def run(
     out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
     policy: str = typer.Option("static", "--policy", help="static, reactive or predictive."),
@@ -43,61 +52,17 @@ def run(
     arch: str = typer.Option("mlp", "--arch",
                              help="Example model: mlp or gpt (collect's --model; here --model "
                                   "names the forecaster)."),
-    layers: int = typer.Option(8, "--layers", help="Layers of the model."),
-    stages: int = typer.Option(2, "--stages", help="Pipeline stages (one process each)."),
-    microbatches: int = typer.Option(4, "--microbatches", help="Micro-batches per step."),
-    steps: int = typer.Option(50, "--steps", help="Optimizer steps to run."),
-    schedule: str = typer.Option("1f1b", "--schedule",
-                                 help="gpipe, 1f1b, interleaved, zb-h1 (controllable); "
-                                      "others run under --policy static."),
-    chunks: int | None = typer.Option(None, "--chunks", help="Model chunks per rank."),
-    partition: str | None = typer.Option(None, "--partition",
-                                         help="Layers per (virtual) stage, e.g. 3,5."),
-    inject: str | None = typer.Option(None, "--inject",
-                                      help="Emulated slowdown, e.g. rank=1,factor=2.0,start=100,"
-                                           "ramp=50,end=400 or rank=0,every=50,extra=0.2."),
-    action: list[str] | None = typer.Option(None, "--action",
-                                            help="Scripted action before a step, repeatable: "
-                                                 "20:repartition=3,5 | 30:microbatches=8."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the model and the data."),
-    batch_size: int | None = typer.Option(None, "--batch-size",
-                                          help="Samples per step (default 4 x micro-batches)."),
-    hidden: int = typer.Option(64, "--hidden", help="Hidden width."),
-    seq_len: int = typer.Option(32, "--seq-len", help="Sequence length (gpt)."),
-    vocab: int = typer.Option(256, "--vocab", help="Vocabulary size (gpt)."),
-    heads: int = typer.Option(4, "--heads", help="Attention heads (gpt)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or float64."),
-    optimizer: str = typer.Option("adam", "--optimizer", help="sgd, adam or adamw."),
-    lr: float = typer.Option(1e-3, "--lr", help="Learning rate."),
-    flush_every: int = typer.Option(50, "--flush-every", help="Steps between Parquet writes."),
-    layer_cost_every: int = typer.Option(10, "--layer-cost-every",
-                                         help="Steps between per-layer cost samples (0 = off: "
-                                              "the controller assumes equal layers)."),
-    profile: Path | None = typer.Option(None, "--profile",
-                                        help="Directory for torch.profiler (Kineto) traces."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: file stem)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    **options: Any,
 ) -> None:
     """Train a pipeline here with a policy repartitioning it live; write events and actions."""
-    from bubblecast.cli.collect_cmd import parse_actions
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.control_config import ControllerConfig, check_controllable
     from bubblecast.runtime.control_job import launch_controlled, write_actions
 
-    spec = ModelSpec(kind=arch, layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
-                     heads=heads, dtype=dtype)
-    parts = parse_int_list(partition, "--partition")
-    config = TrainConfig(
-        model=spec, stages=stages, microbatches=microbatches, schedule=schedule, chunks=chunks,
-        partition=tuple(parts) if parts else None, steps=steps,
-        batch_size=batch_size if batch_size is not None else 4 * max(microbatches, 1),
-        seed=seed, optimizer=optimizer, lr=lr, inject=inject,
-        run_id=run_id or out.stem or "run", flush_every=flush_every,
-        layer_cost_every=layer_cost_every, profile_dir=str(profile) if profile else None)
-    scripted = parse_actions(action)
+    config = train_config(out, arch, options)
+    scripted = parse_actions(options["action"])
     control = ControllerConfig(policy=policy, every=every, model=model_uri, service=service,
                                timeout_s=forecast_timeout,
-                               layer_costs="measured" if layer_cost_every else "uniform")
+                               layer_costs="measured" if config.layer_cost_every else "uniform")
     plan = config.plan
     check_controllable(plan.schedule, plan.stages, plan.microbatches, plan.chunks, control)
     actions_path = actions_file or default_actions_path(out)
@@ -117,7 +82,7 @@ def run(
     result = {
         "out": str(out), "actions_file": str(actions_path), "run_id": config.run_id,
         "policy": policy, "every": every, "forecaster": summary.get("forecaster") or forecaster,
-        "steps": steps, "stages": stages, "schedule": plan.schedule,
+        "steps": config.steps, "stages": config.stages, "schedule": plan.schedule,
         "initial_partition": list(plan.partition), "partition": summary["partition"],
         "rows": summary["rows"], "wall_s": summary["wall_s"],
         "mean_step_s": summary["mean_step_s"],
@@ -129,13 +94,14 @@ def run(
         "decision_latency_s": summary["decision_latency_s"],
         "control_pct_of_wall": summary["control_pct_of_wall"],
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "emulated_slowdown": inject,
+        "emulated_slowdown": config.inject,
     }
-    if json_out:
+    if options["json_out"]:
         emit_json(result)
         return
-    typer.echo(f"wrote {out} and {actions_path}: {steps} steps x {stages} stages "
-               f"({plan.schedule}), policy {policy}, {1e3 * result['mean_step_s']:.2f} ms/step, "
+    typer.echo(f"wrote {out} and {actions_path}: {config.steps} steps x {config.stages} "
+               f"stages ({plan.schedule}), policy {policy}, "
+               f"{1e3 * result['mean_step_s']:.2f} ms/step, "
                f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
                f"action(s), partition {result['initial_partition']} -> {result['partition']}")
 

@@ -3,7 +3,8 @@
 Runs the job in ``JOB_DIR/job.json`` (see :func:`bubblecast.runtime.launch.write_job`) on this
 rank: scripted actions before their steps, checkpoints, telemetry merged into ``out`` by
 rank 0, ``summary.json`` from rank 0. A failing rank writes ``error-rank{r}.txt`` (a one-line
-reason, then the traceback) and exits 1.
+reason, then the traceback) and exits 1. A :class:`StepHook` (the closed-loop controller of
+:mod:`.control_worker`) can run around every step and add to the summary.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.launch import PROGRESS_PREFIX
@@ -24,7 +26,24 @@ from bubblecast.runtime.launch import PROGRESS_PREFIX
 PROFILE_STEPS = 4
 
 
-def run_job(job_dir: Path, job: dict[str, Any]) -> None:
+class StepHook(Protocol):
+    """Work done by :func:`run_job` around each training step, and once after the last."""
+
+    def before_step(self, step: int) -> None:
+        """Before ``step`` (after its scripted actions and checkpoint)."""
+
+    def after_step(self, t0: float) -> None:
+        """After each step; ``t0`` is ``time.perf_counter()`` when the loop began."""
+
+    def finish(self) -> dict[str, Any]:
+        """After the loop, before the losses are gathered: entries to add to the summary."""
+
+
+HookFactory = Callable[[Any, dict[str, Any]], StepHook]  # (trainer, job) -> hook
+
+
+def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = None) -> None:
+    """Train this rank's part of the job; rank 0 writes ``summary.json``."""
     import torch
     import torch.distributed as dist
 
@@ -36,13 +55,14 @@ def run_job(job_dir: Path, job: dict[str, Any]) -> None:
     init_distributed(config.backend)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(config, resume=job.get("resume"))
+    hook = make_hook(trainer, job) if make_hook is not None else None
     actions: dict[int, list[dict[str, Any]]] = {}
     for item in job.get("actions", []):
         actions.setdefault(int(item["step"]), []).append(item["action"])
     checkpoints = {int(k): v for k, v in job.get("checkpoint_at", {}).items()}
     show = bool(job.get("progress")) and trainer.rank == 0
     start, end = trainer.step, trainer.step + config.steps
-    prof = _profiler(config, trainer.rank) if config.profile_dir else nullcontext()
+    prof = profiler(config, trainer.rank) if config.profile_dir else nullcontext()
     t0 = time.perf_counter()
     with prof:
         while trainer.step < end:
@@ -51,7 +71,11 @@ def run_job(job_dir: Path, job: dict[str, Any]) -> None:
                 trainer.apply(action)
             if step in checkpoints:
                 trainer.save_checkpoint(checkpoints[step])
+            if hook is not None:
+                hook.before_step(step)
             loss = trainer.train_step()
+            if hook is not None:
+                hook.after_step(t0)
             if config.profile_dir and hasattr(prof, "step"):
                 prof.step()
             if show:
@@ -59,6 +83,7 @@ def run_job(job_dir: Path, job: dict[str, Any]) -> None:
                 print(f"{PROGRESS_PREFIX} {trainer.step - start} {config.steps} {shown}",
                       flush=True)
     wall = time.perf_counter() - t0
+    extra = hook.finish() if hook is not None else {}
     if end in checkpoints:
         trainer.save_checkpoint(checkpoints[end])
     losses = trainer.gather_losses()
@@ -67,12 +92,13 @@ def run_job(job_dir: Path, job: dict[str, Any]) -> None:
         summary = {"rows": rows, "wall_s": wall, "steps": config.steps,
                    "step_time_s": wall / config.steps, "losses": losses,
                    "actions": trainer.actions, "partition": list(trainer.plan.partition),
-                   "schedule": trainer.plan.schedule, "microbatches": trainer.plan.microbatches}
-        (job_dir / "summary.json").write_text(json.dumps(summary))
+                   "schedule": trainer.plan.schedule, "microbatches": trainer.plan.microbatches,
+                   **extra}
+        (job_dir / "summary.json").write_text(json.dumps(summary, default=float))
     dist.destroy_process_group()
 
 
-def _profiler(config: TrainConfig, rank: int) -> Any:
+def profiler(config: TrainConfig, rank: int) -> Any:
     """torch.profiler over a few steps after the first; Kineto trace per rank."""
     import torch
 
@@ -89,15 +115,17 @@ def _profiler(config: TrainConfig, rank: int) -> Any:
         on_trace_ready=lambda p: p.export_chrome_trace(str(out / f"rank{rank}.json")))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, make_hook: HookFactory | None = None,
+         usage: str = "python -m bubblecast.runtime.worker JOB_DIR") -> int:
+    """Run ``JOB_DIR`` (the one argument); on failure write ``error-rank{r}.txt``, return 1."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m bubblecast.runtime.worker JOB_DIR", file=sys.stderr)
+        print(f"usage: {usage}", file=sys.stderr)
         return 2
     job_dir = Path(args[0])
     rank = int(os.environ.get("RANK", "0"))
     try:
-        run_job(job_dir, json.loads((job_dir / "job.json").read_text()))
+        run_job(job_dir, json.loads((job_dir / "job.json").read_text()), make_hook)
     except BaseException as exc:  # report, then fail this rank (torchrun stops the others)
         line = " ".join(f"{type(exc).__name__}: {exc}".split())
         (job_dir / f"error-rank{rank}.txt").write_text(f"{line}\n{traceback.format_exc()}")
