@@ -34,3 +34,15 @@ def test_last_stage_carries_about_1_6_times_the_compute(megatron_trace):
 
 def test_format_is_detected_by_content(megatron_trace, tmp_path):
     assert detect_format(megatron_trace) == "megatron-ops"
+
+
+def test_a_directory_of_megatron_traces_is_refused_in_one_line(megatron_trace, tmp_path):
+    import shutil
+
+    import pytest
+
+    from bubblecast.errors import BubblecastError
+
+    shutil.copy(megatron_trace, tmp_path / "trace-ST.parquet")
+    with pytest.raises(BubblecastError, match="directory of megatron-ops files"):
+        detect_format(tmp_path)

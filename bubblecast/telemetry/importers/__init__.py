@@ -17,13 +17,16 @@ def detect_format(path: str | Path) -> str:
     if not p.exists():
         raise BubblecastError(f"{p}: no such file or directory")
     if p.is_dir():
-        if any(p.glob("*.parquet")) or any(p.rglob("*.parquet")):
-            first = next(iter(sorted(p.rglob("*.parquet"))))
-            return detect_format(first) if first.is_file() else "bubblecast"
+        parquet = sorted(f for f in p.rglob("*.parquet") if f.is_file())
+        if parquet:
+            fmt = detect_format(parquet[0])
+            if fmt != "bubblecast":
+                raise BubblecastError(f"{p}: a directory of {fmt} files; pass one file at a time")
+            return fmt
         if any(p.glob("*.json")) or any(p.glob("*.json.gz")):
             return "kineto"
         raise BubblecastError(f"{p}: cannot detect the format ({tried})")
-    if p.suffix == ".gz" or p.suffix == ".json":
+    if p.suffix in (".gz", ".json"):
         return "kineto"
     try:
         import pyarrow.parquet as pq
