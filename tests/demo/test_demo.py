@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import re
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from bubblecast.cli import main
 from bubblecast.demo import STAGES, figures, preset, run_demo
 from bubblecast.demo.stages import STAGE_FILE
+from tests.helpers import all_finite
 
 NAMES = [name for name, _, _ in STAGES]
 
@@ -33,14 +33,6 @@ def first(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads(stdout.getvalue())
 
 
-def _finite(obj: object) -> bool:
-    if isinstance(obj, float):
-        return math.isfinite(obj)
-    if isinstance(obj, dict):
-        return all(_finite(v) for v in obj.values())
-    if isinstance(obj, list):
-        return all(_finite(v) for v in obj)
-    return True
 
 
 def test_report_shows_every_stage_with_figures_from_the_run(first):
@@ -71,7 +63,7 @@ def test_report_shows_every_stage_with_figures_from_the_run(first):
     assert list(pol) == list(preset("tiny").policies)
     assert pol["static"]["speedup_vs_static"] == 1.0
     assert pol["oracle"]["step_s"] <= pol["static"]["step_s"]
-    assert _finite(figures(stages)["forecast_eval"]["table"])
+    assert all_finite(figures(stages)["forecast_eval"]["table"])
     if stages["megatron"].get("skipped") is None:
         assert stages["megatron"]["inspect"]["bottleneck_stage"] == 3
         assert "## 6. Real Megatron-LM trace" in report and "Skipped" not in report.split(

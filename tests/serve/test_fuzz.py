@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import all_finite
 from tests.serve.fakes import forecast_request, recommend_request
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
@@ -33,20 +33,10 @@ json_values = st.recursive(
 )
 
 
-def _finite(obj) -> bool:
-    if isinstance(obj, float):
-        return math.isfinite(obj)
-    if isinstance(obj, dict):
-        return all(_finite(v) for v in obj.values())
-    if isinstance(obj, list):
-        return all(_finite(v) for v in obj)
-    return True
-
-
 def _check(response) -> None:
     assert response.status_code < 500, response.text
     if response.status_code == 200:
-        assert _finite(response.json())
+        assert all_finite(response.json())
     elif response.status_code == 422:
         body = response.json()
         assert body["field"] and body["error"]
