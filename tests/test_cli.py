@@ -48,3 +48,10 @@ def test_inspect_json_on_the_real_trace(megatron_trace, capsys):
     assert (out["stages"], out["replicas"], out["steps"]) == (4, 2, 32)
     busy = {row["stage"]: row["busy_s"] for row in out["per_stage"]}
     assert 1.5 < busy[3] / ((busy[0] + busy[1] + busy[2]) / 3) < 1.7
+
+
+def test_format_option_lists_exactly_the_importers_formats():
+    from bubblecast.cli.common import FORMAT_CHOICES
+    from bubblecast.telemetry.importers import FORMATS
+
+    assert FORMAT_CHOICES == FORMATS

@@ -6,7 +6,20 @@ import json
 import math
 from typing import Any
 
+import typer
+
 from bubblecast.errors import BubblecastError
+
+#: The input formats of ``--format`` (``bubblecast.telemetry.importers.FORMATS``, repeated
+#: here so that building the CLI does not import pandas; a test keeps the two equal).
+FORMAT_CHOICES: tuple[str, ...] = ("auto", "bubblecast", "megatron-ops", "kineto")
+
+
+def format_option() -> typer.models.OptionInfo:
+    """The ``--format`` option every command that reads telemetry takes."""
+    return typer.Option("auto", "--format",
+                        help=f"Input format: {', '.join(FORMAT_CHOICES[:-1])} or "
+                             f"{FORMAT_CHOICES[-1]}.")
 
 
 def _clean(obj: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json, parse_int_list
+from bubblecast.cli.common import emit_json, format_option, parse_int_list
 
 
 @contextmanager
@@ -42,8 +42,7 @@ def dataset(
     windows: str = typer.Option("5,20,60", "--windows",
                                 help="Rolling windows in steps; the longest is the history."),
     lags: int = typer.Option(32, "--lags", help="Lagged values kept (sequence length)."),
-    format: str = typer.Option("auto", "--format",
-                               help="Input format: auto, bubblecast, megatron-ops or kineto."),
+    format: str = format_option(),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Build features and per-horizon targets (one row per run, replica, stage and step)."""

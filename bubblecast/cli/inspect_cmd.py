@@ -7,14 +7,13 @@ from pathlib import Path
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json, parse_int_list
+from bubblecast.cli.common import emit_json, format_option, parse_int_list
 
 
 @app.command()
 def inspect(
     file: Path = typer.Argument(..., help="Events file or directory (or another format)."),
-    format: str = typer.Option("auto", "--format",
-                               help="auto, bubblecast, megatron-ops or kineto."),
+    format: str = format_option(),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(
         None, "--plot", help="Write a PNG: schedule timeline of --steps and a stage x step "

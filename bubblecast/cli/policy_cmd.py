@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json
+from bubblecast.cli.common import emit_json, format_option
 
 
 @app.command("policy-eval")
@@ -31,8 +31,7 @@ def policy_eval(
     layers_per_stage: int = typer.Option(
         8, "--layers-per-stage", help="Layers assumed per stage for logged runs that say "
         "nothing about layers."),
-    format: str = typer.Option("auto", "--format",
-                               help="auto, bubblecast, megatron-ops or kineto."),
+    format: str = format_option(),
     run: list[str] | None = typer.Option(None, "--run", help="Only these run ids (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(

@@ -7,14 +7,13 @@ from pathlib import Path
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.common import emit_json
+from bubblecast.cli.common import emit_json, format_option
 
 
 @app.command()
 def whatif(
     file: Path = typer.Argument(..., help="Events file or directory (or another format)."),
-    format: str = typer.Option("auto", "--format",
-                               help="auto, bubblecast, megatron-ops or kineto."),
+    format: str = format_option(),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
     launch_delays: bool = typer.Option(
