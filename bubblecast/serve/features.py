@@ -2,11 +2,15 @@
 
 :func:`bubblecast.dataset.features.build_features` computes every feature at every step with
 pandas (about 20 ms for a small window). A forecast needs them only at the window's last step,
-for each stage, which plain numpy over the window gives in well under a millisecond. This
+for each stage, which plain numpy over the window gives in a few hundred microseconds. This
 module mirrors ``build_features`` feature by feature for that one origin (same windows, same
 float32 rounding of the stored features); ``tests/serve/test_features.py`` holds the two equal
 on random windows with spikes, periods, tokens and repartitions. A model that needs a column
 this module does not compute is served by the exact pandas path instead.
+
+Per request the feature names, row positions and window constants come from caches and every
+feature is written once into one preallocated matrix; the arithmetic (and so every bit of the
+result) is that of the first numpy version, which a test keeps as a frozen reference.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from bubblecast.serve.model import Window
+
+HORIZON_ROWS = ("u_seasonal", "spike_due", "spike_phase", "tokens_ratio", "tokens2_ratio")
 
 
 def _median_last(a: np.ndarray) -> np.ndarray:
@@ -30,72 +36,122 @@ def _median_last(a: np.ndarray) -> np.ndarray:
     return (s[..., n // 2 - 1] + s[..., n // 2]) / 2.0
 
 
-class _Blocks:
-    """Feature rows collected as blocks, written once into one float64 matrix at the end.
-
-    A block is an array broadcastable to ``(k, P)`` or a list of ``k`` rows broadcastable to
-    ``(P,)``; nothing is stacked or converted per block (many tiny numpy calls otherwise)."""
-
-    def __init__(self, p: int) -> None:
-        self.p = p
-        self.names: list[str] = []
-        self.blocks: list[tuple[int, Any]] = []
-
-    def add(self, name: str, values: Any) -> None:
-        self.names.append(name)
-        self.blocks.append((1, [values]))
-
-    def add_block(self, names: list[str], values: Any) -> None:
-        self.blocks.append((len(names), values))
-        self.names.extend(names)
-
-    def matrix(self) -> np.ndarray:
-        out = np.empty((len(self.names), self.p))
-        i = 0
-        for k, values in self.blocks:
-            if isinstance(values, list):
-                for j, row in enumerate(values):
-                    out[i + j] = row
-            else:
-                out[i:i + k] = values
-            i += k
-        return out.astype(np.float32)
-
-
-def _spikes(y: np.ndarray, cfg: Any, out: _Blocks) -> tuple[np.ndarray, np.ndarray]:
-    """Spike features at the origin; returns (steps since the last spike, regular period)."""
+def _windows(y: np.ndarray, w: int) -> np.ndarray:
+    """``sliding_window_view(y, w, axis=0)`` (the same strided view, without its checks)."""
     t, p = y.shape
-    w = cfg.windows[1]
-    prev_med = np.full((t, p), np.nan)
+    s0, s1 = y.strides
+    return as_strided(y, shape=(t - w + 1, p, w), strides=(s0, s1, s0), writeable=False)
+
+
+def _config_key(cfg: Any) -> tuple:
+    return (int(cfg.lags), tuple(int(w) for w in cfg.windows),
+            tuple(float(q) for q in cfg.quantiles), tuple(float(a) for a in cfg.ewm_alphas),
+            int(cfg.max_period), float(cfg.spike_ratio))
+
+
+@lru_cache(maxsize=64)
+def _names(key: tuple, horizons: tuple[int, ...]) -> tuple[str, ...]:
+    """Feature names in matrix row order for a config key and the requested horizons."""
+    lags, windows, quantiles, alphas = key[:4]
+    names = [f"f_u_lag{k}" for k in range(lags)]
+    for w in windows:
+        names += [f"f_u_mean_w{w}", f"f_u_std_w{w}", f"f_u_min_w{w}", f"f_u_max_w{w}"]
+        names += [f"f_u_q{round(x * 100)}_w{w}" for x in quantiles]
+    names += [f"f_u_ewm{a:g}" for a in alphas]
+    names += [f"f_slope_w{w}" for w in windows[1:]]
+    names += ["f_spike", "f_since_spike", "f_spike_period", "f_spike_regular", "f_spike_count",
+              "f_acf_peak", "f_acf_period", "f_period", "f_peer_ratio", "f_replica_ratio",
+              "f_pipeline_ratio", "f_u_peer_med", "f_peer_ratio_m5"]
+    names += [f"f_u_peer_lag{k}" for k in range(lags)]
+    names += ["f_layers", "f_cost_share", "f_since_repartition", "f_tokens_ratio"]
+    for h in horizons:
+        names += [f"x{h}_{k}" for k in HORIZON_ROWS]
+    return tuple(names)
+
+
+@lru_cache(maxsize=64)
+def _quantile_plan(w: int, quantiles: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray]:
+    """Rows below and above each linear-interpolated quantile of ``w`` sorted values, and
+    the fraction between them."""
+    h = (w - 1) * np.asarray(quantiles, dtype=np.float64)
+    lo = np.floor(h).astype(np.int64)
+    return lo, np.minimum(lo + 1, w - 1), (h - lo)[:, None]
+
+
+@lru_cache(maxsize=256)
+def _positions(t: int, w: int) -> tuple[np.ndarray, float]:
+    """Step positions of the last ``w`` of ``t`` rows as a column, and their mean."""
+    pos = np.arange(t - w, t, dtype=np.float64)[:, None]
+    return pos, pos.mean()
+
+
+@lru_cache(maxsize=256)
+def _ewm_weights(t: int, alphas: tuple[float, ...]) -> np.ndarray:
+    """``(len(alphas), t)`` weights of an ``adjust=False`` EWMA from the first row."""
+    a = np.asarray(alphas, dtype=np.float64)[:, None]
+    weights = a * (1.0 - a) ** np.arange(t - 1, -1, -1, dtype=np.float64)[None, :]
+    weights[:, 0] = (1.0 - a[:, 0]) ** (t - 1)
+    return weights
+
+
+def _window_stats(y: np.ndarray, w: int, quantiles: tuple[float, ...], out: np.ndarray,
+                  i: int) -> np.ndarray:
+    """Rolling mean, std, min, max and quantiles of the last ``w`` rows into ``out[i:]``;
+    returns the quantile rows."""
+    tail = np.sort(y[-w:], axis=0)
+    mean = tail.sum(axis=0) / w
+    out[i] = mean
+    out[i + 1] = np.sqrt(((tail - mean) ** 2).sum(axis=0) / (w - 1)) if w > 1 else np.nan
+    out[i + 2] = tail[0]
+    out[i + 3] = tail[-1]
+    lo, hi, frac = _quantile_plan(w, quantiles)
+    qs = tail[lo] + frac * (tail[hi] - tail[lo])
+    out[i + 4:i + 4 + len(quantiles)] = qs
+    return qs
+
+
+def _spikes(y: np.ndarray, w: int, ratio: float, history: int, out: np.ndarray, i: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Spike features at the origin into ``out[i:i + 5]``; returns (steps since the last
+    spike, regular period)."""
+    t, p = y.shape
+    high = np.zeros((t, p), dtype=bool)
     if t > w:
-        prev_med[w:] = _median_last(sliding_window_view(y, w, axis=0)[:-1])
-    high = y > cfg.spike_ratio * prev_med
-    high[:w] = False
+        high[w:] = y[w:] > ratio * _median_last(_windows(y, w)[:-1])
     spike = high.copy()
     spike[1:] &= ~high[:-1]
     o = t - 1
-    since, period, period2 = np.full(p, np.nan), np.full(p, np.nan), np.full(p, np.nan)
-    for j in range(p):
-        idx = np.flatnonzero(spike[:, j])[::-1][:3]  # latest first
-        if idx.size >= 1:
-            since[j] = o - idx[0]
-        if idx.size >= 2:
-            period[j] = idx[0] - idx[1]
-        if idx.size >= 3:
-            period2[j] = idx[1] - idx[2]
+    marks = np.where(spike, np.arange(t)[:, None], -1)
+    marks.sort(axis=0)
+    last = np.full((3, p), -1, dtype=np.int64)
+    k = min(3, t)
+    last[:k] = marks[::-1][:k]  # latest first, -1 where fewer spikes
+    nan = np.nan
+    since = np.where(last[0] >= 0, o - last[0], nan)
+    period = np.where(last[1] >= 0, last[0] - last[1], nan)
+    period2 = np.where(last[2] >= 0, last[1] - last[2], nan)
     regular = np.isfinite(period2) & (np.abs(period - period2) <= 1)
-    out.add_block(["f_spike", "f_since_spike", "f_spike_period", "f_spike_regular",
-                   "f_spike_count"],
-                  [spike[o], since, period, regular, spike[-cfg.history:].sum(axis=0)])
-    return since, np.where(regular, period, np.nan)
+    out[i] = spike[o]
+    out[i + 1] = since
+    out[i + 2] = period
+    out[i + 3] = regular
+    out[i + 4] = spike[-history:].sum(axis=0)
+    return since, np.where(regular, period, nan)
 
 
-def _acf(y: np.ndarray, cfg: Any, out: _Blocks) -> np.ndarray:
-    """Autocorrelation peak over lags 2..max_period (float32 as the dataset keeps it)."""
-    w = cfg.history - cfg.max_period
-    lags = np.arange(2, cfg.max_period + 1)
+@lru_cache(maxsize=64)
+def _lags(max_period: int) -> np.ndarray:
+    return np.arange(2, max_period + 1)
+
+
+def _acf(y: np.ndarray, history: int, max_period: int, out: np.ndarray, i: int) -> np.ndarray:
+    """Autocorrelation peak over lags 2..max_period (float32 as the dataset keeps it) into
+    ``out[i:i + 2]``; returns the period."""
+    w = history - max_period
+    lags = _lags(max_period)
     t = y.shape[0]
-    views = sliding_window_view(y, w, axis=0)  # (T - w + 1, P, w): rows ending at i + w - 1
+    views = _windows(y, w)  # (T - w + 1, P, w): rows ending at i + w - 1
     cur = views[t - w]  # (P, w)
     past = views[t - w - lags]  # (L, P, w)
     m = cur.sum(axis=1) / w
@@ -108,35 +164,10 @@ def _acf(y: np.ndarray, cfg: Any, out: _Blocks) -> np.ndarray:
     r = np.nan_to_num(r, nan=-1.0)
     best = r.max(axis=1)
     first = np.argmax(r >= (best - 0.05)[:, None], axis=1)
-    period = np.where(best > 0.6, lags[first], np.nan).astype(np.float64)
-    out.add_block(["f_acf_peak", "f_acf_period"], [best.astype(np.float64), period])
+    period = np.where(best > 0.6, lags[first], np.nan)
+    out[i] = best
+    out[i + 1] = period
     return period
-
-
-def _window_stats(y: np.ndarray, w: int, quantiles: Sequence[float], out: _Blocks) -> np.ndarray:
-    """Rolling mean, std, min, max and linear-interpolated quantiles of the last ``w`` rows;
-    returns the quantile rows."""
-    tail = np.sort(y[-w:], axis=0)
-    mean = tail.sum(axis=0) / w
-    std = np.sqrt(((tail - mean) ** 2).sum(axis=0) / (w - 1)) if w > 1 else np.nan
-    q = np.asarray(quantiles, dtype=np.float64)
-    h = (w - 1) * q
-    lo = np.floor(h).astype(np.int64)
-    hi = np.minimum(lo + 1, w - 1)
-    qs = tail[lo] + (h - lo)[:, None] * (tail[hi] - tail[lo])
-    out.add_block([f"f_u_mean_w{w}", f"f_u_std_w{w}", f"f_u_min_w{w}", f"f_u_max_w{w}"],
-                  [mean, std, tail[0], tail[-1]])
-    out.add_block([f"f_u_q{round(x * 100)}_w{w}" for x in quantiles], qs)
-    return qs
-
-
-@lru_cache(maxsize=256)
-def _ewm_weights(t: int, alphas: tuple[float, ...]) -> np.ndarray:
-    """``(len(alphas), t)`` weights of an ``adjust=False`` EWMA from the first row."""
-    a = np.asarray(alphas, dtype=np.float64)[:, None]
-    weights = a * (1.0 - a) ** np.arange(t - 1, -1, -1, dtype=np.float64)[None, :]
-    weights[:, 0] = (1.0 - a[:, 0]) ** (t - 1)
-    return weights
 
 
 def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
@@ -147,69 +178,101 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     The window is one series per stage starting at its first row, as the dataset's series
     start at a run's first step.
     """
+    key = _config_key(cfg)
+    hzs = tuple(int(h) for h in horizons)
+    names = _names(key, hzs)
+    lags, windows, quantiles, alphas, max_period, ratio = key
+    history = windows[-1]
     y = window.delay
     t, p = y.shape
-    out = _Blocks(p)
-    lag_names = [f"f_u_lag{k}" for k in range(cfg.lags)]
-    out.add_block(lag_names, y[::-1][: cfg.lags])
+    out = np.empty((len(names), p))
+    out[:lags] = y[::-1][:lags]
+    i = lags
     level = None
-    for w in cfg.windows:
-        qs = _window_stats(y, w, cfg.quantiles, out)
+    for w in windows:
+        qs = _window_stats(y, w, quantiles, out, i)
+        i += 4 + len(quantiles)
         if level is None:
-            level = qs[list(cfg.quantiles).index(0.5)]
-    out.add_block([f"f_u_ewm{a:g}" for a in cfg.ewm_alphas],
-                  _ewm_weights(t, tuple(cfg.ewm_alphas)) @ y)
-    for w in cfg.windows[1:]:
-        pos = np.arange(t - w, t, dtype=np.float64)[:, None]
+            level = qs[quantiles.index(0.5)]
+    out[i:i + len(alphas)] = _ewm_weights(t, alphas) @ y
+    i += len(alphas)
+    for w in windows[1:]:
+        pos, pos_mean = _positions(t, w)
         tail = y[-w:]
-        slope = ((pos * tail).mean(axis=0) - pos.mean() * tail.mean(axis=0)) \
+        slope = ((pos * tail).sum(axis=0) / w - pos_mean * (tail.sum(axis=0) / w)) \
             / ((w * w - 1) / 12.0)
-        out.add(f"f_slope_w{w}", slope / level)
-    since_spike, spike_period = _spikes(y, cfg, out)
-    acf_period = _acf(y, cfg, out)
+        out[i] = slope / level
+        i += 1
+    since_spike, spike_period = _spikes(y, windows[1], ratio, history, out, i)
+    acf_period = _acf(y, history, max_period, out, i + 5)
+    i += 7
     period = np.where(np.isfinite(spike_period), spike_period, acf_period)
-    out.add("f_period", period)
+    out[i] = period
     peer = _median_last(y)  # (T,): one replica, so peers are the other stages
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = y / peer[:, None]
-    out.add_block(["f_peer_ratio", "f_replica_ratio", "f_pipeline_ratio", "f_u_peer_med",
-                   "f_peer_ratio_m5"],
-                  [ratio[-1], 1.0, ratio[-1], peer[-1], ratio[-cfg.windows[0]:].mean(axis=0)])
-    out.add_block([f"f_u_peer_lag{k}" for k in range(cfg.lags)],
-                  peer[::-1][: cfg.lags, None])
-    layers = window.layers if window.layers is not None else np.full((t, p), np.nan)
-    changed = (layers[1:] != layers[:-1]) & np.isfinite(layers[1:])
-    hit = changed[::-1].argmax(axis=0)  # rows back from the origin to the latest change
-    since_rep = np.minimum(np.where(changed.any(axis=0), hit, float(t)), cfg.history)
-    tokens = window.tokens if window.tokens is not None else np.full((t, p), np.nan)
-    out.add_block(["f_layers", "f_cost_share", "f_since_repartition", "f_tokens_ratio"],
-                  [layers[-1], window.cost[-1] / window.cost[-1].sum(), since_rep,
-                   tokens[-1] / tokens[-cfg.windows[1]:].mean(axis=0)])
-    hz = np.asarray(horizons, dtype=np.float64)[:, None]  # (H, 1)
+        ratio_ = y / peer[:, None]
+    out[i + 1] = ratio_[-1]
+    out[i + 2] = 1.0
+    out[i + 3] = ratio_[-1]
+    out[i + 4] = peer[-1]
+    out[i + 5] = ratio_[-windows[0]:].sum(axis=0) / windows[0]
+    i += 6
+    out[i:i + lags] = peer[::-1][:lags, None]
+    i += lags
+    nan = np.nan
+    if window.layers is None:
+        out[i] = nan
+        out[i + 2] = min(float(t), history)
+    else:
+        layers = window.layers
+        changed = (layers[1:] != layers[:-1]) & np.isfinite(layers[1:])
+        hit = changed[::-1].argmax(axis=0)  # rows back from the origin to the latest change
+        out[i] = layers[-1]
+        out[i + 2] = np.minimum(np.where(changed.any(axis=0), hit, float(t)), history)
+    out[i + 1] = window.cost[-1] / window.cost[-1].sum()
+    tokens = window.tokens
+    if tokens is None:
+        out[i + 3] = nan
+    else:
+        out[i + 3] = tokens[-1] / (tokens[-windows[1]:].sum(axis=0) / windows[1])
+    i += 4
+    with np.errstate(invalid="ignore", divide="ignore"):
+        _horizon_rows(out[i:].reshape(len(hzs), len(HORIZON_ROWS), p), window, y, hzs,
+                      period, since_spike, spike_period)
+    return list(names), out.astype(np.float32), np.maximum(level, 1e-12)
+
+
+def _horizon_rows(rows: np.ndarray, window: Window, y: np.ndarray, hzs: tuple[int, ...],
+                  period: np.ndarray, since_spike: np.ndarray, spike_period: np.ndarray
+                  ) -> None:
+    """The ``x{h}_*`` features into ``rows`` ``(H, len(HORIZON_ROWS), P)``."""
+    t, p = y.shape
+    nan = np.nan
+    tokens = window.tokens
+    hz = np.asarray(hzs, dtype=np.float64)[:, None]  # (H, 1)
     ok_p = np.isfinite(period)[None, :]
     per = np.where(ok_p, period[None, :], 1.0)
-    lag = np.where(ok_p, per * np.ceil(hz / per) - hz, np.nan)  # (H, P)
+    lag = np.where(ok_p, per * np.ceil(hz / per) - hz, nan)  # (H, P)
     ok = np.isfinite(lag) & (lag <= t - 1)
-    src = np.where(ok, t - 1 - np.nan_to_num(lag).astype(np.int64), 0)
-    seasonal = np.where(ok, y[src, np.arange(p)[None, :]], np.nan)
+    src = np.where(ok, t - 1 - np.where(ok, lag, 0.0).astype(np.int64), 0)
+    rows[:, 0] = np.where(ok, y[src, np.arange(p)[None, :]], nan)
     sp = np.isfinite(spike_period)[None, :]
     spk = np.where(sp, spike_period[None, :], 1.0)
-    phase = np.where(sp, np.mod(since_spike[None, :] + hz, spk), np.nan)
-    due = np.where(np.isfinite(phase), (phase == 0).astype(np.float64), 0.0)
-    if window.next_tokens is not None:
-        ahead = np.asarray(window.next_tokens, dtype=np.float64)[:, None]
+    phase = np.where(sp, np.mod(since_spike[None, :] + hz, spk), nan)
+    rows[:, 1] = np.where(np.isfinite(phase), (phase == 0).astype(np.float64), 0.0)
+    rows[:, 2] = phase / spike_period
+    if tokens is None:
+        rows[:, 3:] = nan
     else:
-        ahead = np.full((len(hz), 1), np.nan)
-    tok_h = np.where(np.isfinite(tokens[-1])[None, :], ahead, np.nan)
-    mb = float(window.microbatches)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rows = {"u_seasonal": seasonal, "spike_due": due, "spike_phase": phase / spike_period,
-                "tokens_ratio": tok_h / tokens[-1],
-                # tokens2 / tokens is tokens / microbatches for equal microbatches
-                "tokens2_ratio": (tok_h / mb) / (tokens[-1] / mb)}
-    for i, h in enumerate(horizons):
-        out.add_block([f"x{h}_{k}" for k in rows], [v[i] for v in rows.values()])
-    return out.names, out.matrix(), np.maximum(level, 1e-12)
+        if window.next_tokens is not None:
+            ahead = np.asarray(window.next_tokens, dtype=np.float64)[:, None]
+        else:
+            ahead = np.full((len(hzs), 1), nan)
+        tok_h = np.where(np.isfinite(tokens[-1])[None, :], ahead, nan)
+        mb = float(window.microbatches)
+        rows[:, 3] = tok_h / tokens[-1]
+        # tokens2 / tokens is tokens / microbatches for equal microbatches
+        rows[:, 4] = (tok_h / mb) / (tokens[-1] / mb)
 
 
 def origin_features(window: Window, cfg: Any, horizons: Sequence[int]) -> dict[str, np.ndarray]:
@@ -285,6 +348,13 @@ class FastFeatures:
         self.mode = mode
         self.light = mode != "frame"
         self._plans: dict[tuple[int, ...], np.ndarray] = {}
+        self._predict_matrix = forecaster.predict_matrix if mode == "matrix" else None
+        if mode == "matrix":
+            from bubblecast.serve.trees import RowPredictor
+
+            rows = RowPredictor.wrap(forecaster)  # bit-equal, or None
+            if rows is not None:
+                self._predict_matrix = rows.predict_matrix
 
     @staticmethod
     def needed(forecaster: Any) -> set[str]:
@@ -335,7 +405,6 @@ class FastFeatures:
             full[-2] = level
             full[-1] = np.nan
             X = full[self._plan(names, tuple(int(h) for h in horizons))].T
-            return np.asarray(self.forecaster.predict_matrix(X, list(horizons)),
-                              dtype=np.float64)
+            return np.asarray(self._predict_matrix(X, list(horizons)), dtype=np.float64)
         preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
         return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from bubblecast.serve.model import ForecastModel, ModelInfo, Window, check_model
 from bubblecast.serve.pipeline import pipeline_graph, step_times
@@ -174,24 +175,36 @@ class Predictor:
 
     def forecast(self, request: ForecastRequest | dict[str, Any]) -> ForecastResponse:
         """p10/p50/p90 seconds per rank and horizon, and the predicted bubble fraction."""
-        req = self._parse(ForecastRequest, request)
+        loaded, out = self._forecast_fields(self._parse(ForecastRequest, request))
+        # Every value is already a checked int or finite float list, so the response is
+        # assembled without re-validation (model_construct), the same object either way.
+        out["model"] = loaded.ref
+        out["ranks"] = [RankForecast.model_construct(**r) for r in out["ranks"]]
+        return ForecastResponse.model_construct(**out)
+
+    def forecast_json(self, request: ForecastRequest | dict[str, Any]) -> bytes:
+        """:meth:`forecast` as the JSON bytes ``model_dump_json`` gives, without building
+        the response models (the service's hot path)."""
+        loaded, out = self._forecast_fields(self._parse(ForecastRequest, request))
+        out["model"] = {"name": loaded.ref.name, "version": loaded.ref.version}
+        return to_json(out)
+
+    def _forecast_fields(self, req: ForecastRequest) -> tuple[Loaded, dict[str, Any]]:
+        """The model used and the response fields (``ForecastResponse`` order) as plain
+        lists and dicts; ``model`` is left to the caller."""
         loaded = self._loaded
         fc = forecast_window(loaded, req)
         pipe = req.pipeline
         pg = pipeline_graph(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks)
         step, bubble = step_times(pg, fc.seconds[:, :, 1].T, pipe.op_weights, pipe.comm_s)
-        # Every value below is already a checked int or finite float list, so the response is
-        # assembled without re-validation (model_construct), the same object either way.
         per_rank = fc.seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists
         ranks = []
         for s, i in enumerate(fc.index.tolist()):
             r = req.ranks[i]
             p10, p50, p90 = per_rank[s]
-            ranks.append(RankForecast.model_construct(rank=r.rank, stage=r.stage, p10=p10,
-                                                      p50=p50, p90=p90))
-        return ForecastResponse.model_construct(
-            model=loaded.ref, horizons=list(req.horizons), ranks=ranks,
-            bubble_fraction=bubble.tolist(), step_time_s=step.tolist())
+            ranks.append({"rank": r.rank, "stage": r.stage, "p10": p10, "p50": p50, "p90": p90})
+        return loaded, {"model": None, "horizons": list(req.horizons), "ranks": ranks,
+                        "bubble_fraction": bubble.tolist(), "step_time_s": step.tolist()}
 
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""

@@ -57,3 +57,62 @@ def test_a_disagreeing_matrix_path_falls_back(lgbm, monkeypatch):
 def test_unknown_mode_is_refused(lgbm):
     with pytest.raises(ValueError, match="mode"):
         FastFeatures(lgbm, None, mode="turbo")
+
+
+def _probe_matrix(rng, n: int, width: int) -> np.ndarray:
+    X = np.exp(rng.normal(0.0, 1.0, (n, width)))
+    X[rng.random(X.shape) < 0.1] = np.nan  # missing inputs take the trees' default branch
+    X[:, -2] = 0.5 + rng.random(n)  # the anchor (level)
+    X[:, -1] = np.where(rng.random(n) < 0.5, np.nan, 1.0)  # both conformal groups
+    return X
+
+
+@pytest.mark.parametrize("n", [1, 4, 17, 64, 65])
+def test_single_row_lightgbm_path_is_bit_identical_to_predict_matrix(lgbm, n):
+    """The serving shortcut for LightGBM (single-row C calls, all horizons at once) gives
+    every bit predict_matrix gives, for any horizon order; 65 rows go to predict_matrix."""
+    from bubblecast.serve.trees import RowPredictor
+
+    rp = RowPredictor.wrap(lgbm)
+    assert rp is not None
+    rng = np.random.default_rng(n)
+    nf, nh = len(lgbm.features_), len(lgbm.horizon_features_)
+    for hz in ([1, 5, 10], [10, 1], [5]):
+        X = _probe_matrix(rng, n, nf + nh * len(hz) + 2)
+        want = lgbm.predict_matrix(X, hz)
+        got = rp.predict_matrix(X, hz)
+        assert got.shape == want.shape == (n, len(hz), 3)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_real_windows_are_forecast_through_the_single_row_path(lgbm):
+    """FeatureModel serves LightGBM through RowPredictor, bit-equal to predict_matrix on the
+    origin rows of real windows (deeper tree paths than random probes)."""
+    from bubblecast.serve.trees import RowPredictor
+
+    model = FeatureModel(lgbm)
+    assert isinstance(getattr(model.fast._predict_matrix, "__self__", None), RowPredictor)
+    plain = FastFeatures(lgbm, model.config, mode="matrix")
+    plain._predict_matrix = lgbm.predict_matrix
+    for seed in range(6):
+        w = run_window(seed + 20, steps=80 + seed)
+        np.testing.assert_array_equal(model.predict_window(w, [1, 5, 10]),
+                                      plain.predict(w, [1, 5, 10]))
+
+
+def test_a_disagreeing_single_row_path_is_not_used(lgbm, monkeypatch):
+    from bubblecast.serve.trees import RowPredictor
+
+    real = RowPredictor.predict_matrix
+    monkeypatch.setattr(RowPredictor, "predict_matrix",
+                        lambda self, X, hz: real(self, X, hz) * (1 + 1e-12))
+    assert RowPredictor.wrap(lgbm) is None
+    model = FeatureModel(lgbm)  # still served through predict_matrix
+    assert model.predict_path == "matrix"
+    assert model.fast._predict_matrix == lgbm.predict_matrix
+
+
+def test_non_lightgbm_forecasters_are_not_wrapped():
+    from bubblecast.serve.trees import RowPredictor
+
+    assert RowPredictor.wrap(object()) is None

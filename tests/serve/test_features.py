@@ -58,6 +58,34 @@ def windows(draw):
 CFG = DatasetConfig()
 
 
+def _as_request_layout(w: Window) -> Window:
+    """The window as ``request_window`` builds it: Fortran-ordered compute (a transpose)."""
+    return Window(compute=np.asfortranarray(w.compute), cost=w.cost,
+                  microbatches=w.microbatches, tokens=w.tokens, layers=w.layers,
+                  next_tokens=w.next_tokens)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(window=windows(), fortran=st.booleans(), hz=st.sampled_from([[1, 5, 10], [10, 1], [5]]))
+def test_origin_matrix_is_bit_identical_to_the_first_numpy_version(window, fortran, hz):
+    """The per-request CPU work kept every bit: names, float32 features and float64 level."""
+    from bubblecast.serve.features import origin_matrix
+    from tests.serve.origin_reference import origin_matrix as reference
+
+    if window.next_tokens is not None:  # one value per horizon, as the schema requires
+        window = Window(compute=window.compute, cost=window.cost,
+                        microbatches=window.microbatches, tokens=window.tokens,
+                        layers=window.layers, next_tokens=window.next_tokens[:len(hz)])
+    if fortran:
+        window = _as_request_layout(window)
+    names, matrix, level = origin_matrix(window, CFG, hz)
+    ref_names, ref_matrix, ref_level = reference(window, CFG, hz)
+    assert names == ref_names
+    assert matrix.dtype == np.float32 and level.dtype == np.float64
+    np.testing.assert_array_equal(matrix, ref_matrix)
+    np.testing.assert_array_equal(level, ref_level)
+
+
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(window=windows())
 def test_origin_features_equal_build_features(window):

@@ -166,3 +166,13 @@ def test_in_process_and_http_give_the_same_answer(client, predictor):
     assert remote.status_code == 200
     assert remote.json() == json.loads(json.dumps(local))
     assert np.all(np.isfinite(remote.json()["bubble_fraction"]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_forecast_json_is_the_bytes_of_the_response_model(predictor, seed):
+    """The hot route's bytes (no response models built) equal model_dump_json's."""
+    from tests.serve.fakes import forecast_request
+
+    req = forecast_request(seed=seed, slow_stage=seed, horizons=(1, 2 + seed))
+    req["ranks"] = req["ranks"][::-1]  # ranks out of stage order
+    assert predictor.forecast_json(req) == predictor.forecast(req).model_dump_json().encode()
