@@ -25,9 +25,11 @@ class ControllerConfig:
     them: the built-in trend forecaster. ``timeout_s``: deadline of a forecast or service
     call. ``history``: steps kept on rank 0. ``layer_costs``: ``measured`` (median of each
     layer's first ``cost_samples`` forward samples) or ``uniform``. ``policy_params``: keyword
-    arguments of the policy. ``bandwidth_Bps``, ``pause_s``, ``optimizer_factor``: the
-    migration-cost constants until the run has measured its own migrations (defaults: CPU,
-    gloo, Adam; ``benchmarks/results/migration.json``).
+    arguments of the policy (the predictive one starts from the live hysteresis defaults of
+    :mod:`.control_observe`). ``smooth``: steps of the causal running median the policies'
+    speed history goes through (1: raw steps). ``bandwidth_Bps``, ``pause_s``,
+    ``optimizer_factor``: the migration-cost constants until the run has measured its own
+    migrations (defaults: CPU, gloo, Adam; ``benchmarks/results/migration.json``).
     """
 
     policy: str = "static"
@@ -39,6 +41,7 @@ class ControllerConfig:
     history: int = 512
     layer_costs: str = "measured"
     cost_samples: int = 8
+    smooth: int = 5
     policy_params: dict[str, Any] = field(default_factory=dict)
     bandwidth_Bps: float = 5e8
     pause_s: float = 0.02
@@ -67,6 +70,8 @@ class ControllerConfig:
                                   f"'{self.layer_costs}'")
         if not isinstance(self.cost_samples, int) or self.cost_samples < 1:
             raise BubblecastError(f"cost_samples: must be >= 1, got {self.cost_samples!r}")
+        if not isinstance(self.smooth, int) or isinstance(self.smooth, bool) or self.smooth < 1:
+            raise BubblecastError(f"smooth: must be an integer >= 1, got {self.smooth!r}")
         self.constants  # noqa: B018 - validates the migration constants
         try:
             make_policy(self)
@@ -89,12 +94,14 @@ class ControllerConfig:
 def make_policy(config: ControllerConfig, forecaster: Any = None) -> Any:
     """The policy object ``config`` names (the predictive one with ``forecaster``)."""
     from bubblecast.policy.policies import PredictivePolicy, ReactivePolicy, StaticPolicy
+    from bubblecast.runtime.control_observe import predictive_params
 
     params = dict(config.policy_params)
     if config.policy == "static":
         return StaticPolicy()
     if config.policy == "reactive":
         return ReactivePolicy(**params)
+    params = predictive_params(params, config.every)
     if forecaster is not None:
         params["forecaster"] = forecaster
     return PredictivePolicy(**params)

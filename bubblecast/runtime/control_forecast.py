@@ -95,9 +95,9 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
         fc = ModelSpeedForecaster(predictor.loaded.model, name=info.name)
         return fc, f"model '{info.name}' version {info.version} from {model} (in process)"
     from bubblecast.policy.evaluate import BUILTIN_FORECASTER
-    from bubblecast.policy.forecasting import TrendForecaster
+    from bubblecast.runtime.control_observe import live_forecaster
 
-    return TrendForecaster(), BUILTIN_FORECASTER
+    return live_forecaster(), f"{BUILTIN_FORECASTER}, on the raw per-step speeds"
 
 
 def check_model_source(model: str) -> str:

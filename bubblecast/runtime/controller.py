@@ -5,7 +5,8 @@ Every ``every`` steps (the same steps on every rank) :meth:`Controller.after_ste
 1. gathers each rank's compute seconds per step since the last boundary and any new per-layer
    cost samples with one asynchronous ``all_gather`` of a small tensor
    (:mod:`.control_telemetry`) on a gloo group of its own;
-2. after the next step, rank 0 builds the policy's state (speed history, partition, per-layer
+2. after the next step, rank 0 builds the policy's state (speed history through a causal
+   running median, :mod:`.control_observe`; partition, per-layer
    costs, schedule, micro-batches, migration cost) and asks the policy; the predictive one
    asks its forecaster (in process, under a deadline) or the prediction service
    (:mod:`.control_forecast`). A forecaster that is slow, down or raises yields a ``NoOp``
@@ -39,6 +40,12 @@ from bubblecast.runtime.control_forecast import (
     ModelSpeedForecaster,
     ServiceDecider,
     load_forecaster,
+)
+from bubblecast.runtime.control_observe import (
+    RawHistoryForecaster,
+    robust_speeds,
+    since_last_move,
+    window_speed,
 )
 from bubblecast.runtime.control_telemetry import History, StepProbe, pack, unpack
 from bubblecast.runtime.trainer import Trainer, broadcast_action
@@ -102,6 +109,7 @@ class Controller:
         self.service: ServiceDecider | None = None
         self.forecaster: CachingForecaster | None = None
         self.broken: str | None = None
+        self._raw: np.ndarray | None = None
         if c.policy == "predictive" and c.service is not None:
             policy = make_policy(c)  # the service runs it: send its knobs
             params = {k: getattr(policy, k) for k in _SERVICE_PARAMS}
@@ -275,7 +283,8 @@ class Controller:
 
         h, plan = self.history, self.trainer.plan
         costs = h.costs()
-        speeds = h.speeds(costs)
+        self._raw = h.speeds(costs)
+        speeds = robust_speeds(self._raw, self.config.smooth)  # control_observe
         t = len(h) - 1
         last = None
         if self._last_move is not None:
@@ -297,14 +306,17 @@ class Controller:
             return self.runner(self.service.decide, self._service_body(state))
         if self.forecaster is None:  # reactive
             action = self.policy.decide(state)
-            window = getattr(self.policy, "window", 10)
-            speed = state.history[-window:].mean(axis=0)
+            speed = window_speed(state.history, getattr(self.policy, "window", 10))
             return action, self._predicted(state, action, speed) | self._speeds(state)
         inner = self.forecaster.inner
         if isinstance(inner, ModelSpeedForecaster):
             inner.window = self._window(state)
         self.forecaster.last = None
-        action = self.runner(self.policy.decide, state)
+        if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread
+            inner.history = since_last_move(self._raw, self.history.partitions)
+            action = self.policy.decide(state)
+        else:
+            action = self.runner(self.policy.decide, state)
         plan = self._plan_speed()
         facts = self._speeds(state)
         if plan is not None:
@@ -342,8 +354,9 @@ class Controller:
 
     @staticmethod
     def _speeds(state: Any, window: int = 10) -> dict[str, Any]:
-        """Mean speed per rank over the last ``window`` steps (recorded with each decision)."""
-        recent = state.history[-window:].mean(axis=0)
+        """Median per rank of the (median-smoothed) speeds of the last ``window`` steps,
+        recorded with each decision."""
+        recent = window_speed(state.history, window)
         return {"speed_recent": [round(float(x), 4) for x in recent]}
 
     @staticmethod

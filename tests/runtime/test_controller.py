@@ -194,7 +194,8 @@ def test_a_failing_or_hanging_forecaster_keeps_the_plan(
                          optimizer="adam", lr=1e-2, seed=0, inject="rank=1,factor=3.0",
                          run_id="flaky")
     control = ControllerConfig(policy="predictive", every=5, timeout_s=0.2,
-                               forecaster=f"{__name__}:flaky_forecaster")
+                               forecaster=f"{__name__}:flaky_forecaster",
+                               policy_params={"min_history": 4})  # live default: 30 steps
     s = launch_controlled(config, control, tmp_path / "flaky.parquet", timeout=240)
     reasons = [d["reason"] for d in s["decisions"]]
     assert all(d["action"]["action"] == "noop" for d in s["decisions"])
