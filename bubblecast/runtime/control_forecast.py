@@ -97,7 +97,8 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
     from bubblecast.policy.evaluate import BUILTIN_FORECASTER
     from bubblecast.runtime.control_observe import live_forecaster
 
-    return live_forecaster(), f"{BUILTIN_FORECASTER}, on the raw per-step speeds"
+    return live_forecaster(), (f"{BUILTIN_FORECASTER}, on the raw per-step speeds relative to "
+                               "the ranks' common level")
 
 
 def check_model_source(model: str) -> str:
