@@ -31,6 +31,7 @@ from bubblecast.forecast.base import (
     relative_inputs,
 )
 from bubblecast.forecast.conformal import apply_grouped, calibration_groups, grouped_shifts
+from bubblecast.forecast.lgbm_rows import MAX_ROWS, RowScorer
 
 _LONG_LAG = re.compile(r"^f_u_(peer_)?lag(\d+)$")
 
@@ -90,7 +91,8 @@ class LGBMForecaster(Forecaster):
     def fit(self, frame: pd.DataFrame) -> LGBMForecaster:
         import lightgbm as lgb
 
-        self.__dict__.pop("_plans", None)  # input plans of a previous fit
+        self.__dict__.pop("_plans", None)  # input plans and row scorer of a previous fit
+        self.__dict__.pop("_rows", None)
         self.horizons_ = frame_horizons(frame)
         self.dataset_config_ = dataset_config_of(frame)
         self.features_ = tabular_features(frame.columns)
@@ -131,12 +133,28 @@ class LGBMForecaster(Forecaster):
         return self
 
     def _raw(self, x: np.ndarray, h: int) -> np.ndarray:
+        """``(n, 3)`` raw quantile scores of horizon ``h``'s inputs ``x``."""
+        if 0 < len(x) <= MAX_ROWS and x.dtype == np.float32 and x.flags.c_contiguous:
+            rows = self._row_scorer()
+            if rows is not None:
+                return rows.raw(x, h)
         cols = []
         for q in QUANTILES:
             b = self.boosters_[(h, q)]
             cols.append(b.predict(x, num_iteration=b.best_iteration or None,
                                   num_threads=self.n_jobs))
         return np.column_stack(cols) if cols and len(x) else np.zeros((len(x), 3))
+
+    def _row_scorer(self) -> RowScorer | None:
+        """The single-row scorer of these boosters (built and checked on first use; None where
+        the shortcut does not reproduce ``Booster.predict``)."""
+        if len(self.boosters_) < len(self.horizons_) * len(QUANTILES):
+            return None  # mid-fit: not every booster is trained yet
+        if "_rows" not in self.__dict__:
+            width = len(self.features_) + len(self.horizon_features_)
+            groups = {h: [self.boosters_[(h, q)] for q in QUANTILES] for h in self.horizons_}
+            self.__dict__["_rows"] = RowScorer.build(groups, width)
+        return self.__dict__["_rows"]
 
     def predict_signal(self, frame: pd.DataFrame, horizons: list[int]) -> dict[int, np.ndarray]:
         level = level_of(frame, self.anchor)
@@ -177,29 +195,34 @@ class LGBMForecaster(Forecaster):
         anchor = X[:, -2]
         level = np.where(np.isfinite(anchor), np.maximum(anchor, 1e-12), np.nan)
         groups = np.isfinite(X[:, -1]).astype(np.int64)
-        out = np.empty((X.shape[0], len(hz), 3))
+        cols, scaled = self._matrix_plan(tuple(hz))
+        values = X[:, cols]
+        values = np.where(scaled, values / level[:, None], values)
+        # (H, n, width) float32, C order: each horizon's rows contiguous (LightGBM copies
+        # F-order input first; the single-row path needs C order)
+        n, width = X.shape[0], nf + nh
+        rows = np.ascontiguousarray(values.reshape(n, len(hz), width).transpose(1, 0, 2),
+                                    dtype=np.float32)
+        z = np.empty((n, len(hz), 3))
         for i, h in enumerate(hz):
-            cols, scaled = self._matrix_plan(i, h)
-            values = X[:, cols]
-            values = np.ascontiguousarray(  # C order: LightGBM copies F-order input first
-                np.where(scaled, values / level[:, None], values), dtype=np.float32)
-            z = np.sort(self._raw(values, h), axis=1)
-            z = apply_grouped(z, self.shifts_[h], groups)
-            out[:, i] = level[:, None] * np.exp(z)
-        return out
+            z[:, i] = apply_grouped(np.sort(self._raw(rows[i], h), axis=1), self.shifts_[h],
+                                    groups)
+        return level[:, None, None] * np.exp(z)
 
-    def _matrix_plan(self, i: int, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions in ``X`` of horizon ``h``'s inputs (it is the ``i``-th requested) and
-        which of them are divided by the anchor; cached."""
+    def _matrix_plan(self, hz: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in ``X`` of the inputs of every requested horizon, in order, and which of
+        them are divided by the anchor; cached."""
         cache = self.__dict__.setdefault("_plans", {})
-        key = (i, h, len(self.features_), len(self.horizon_features_))
+        key = (hz, len(self.features_), len(self.horizon_features_))
         plan = cache.get(key)
         if plan is None:
             from bubblecast.dataset.features import is_scaled
 
             nf, nh = len(self.features_), len(self.horizon_features_)
-            names = self.features_ + [f"x{h}_{g[2:]}" for g in self.horizon_features_]
-            cols = np.r_[np.arange(nf), nf + i * nh + np.arange(nh)].astype(np.intp)
+            cols = np.concatenate([np.r_[np.arange(nf), nf + i * nh + np.arange(nh)]
+                                   for i in range(len(hz))]).astype(np.intp)
+            names = [c for h in hz for c in
+                     self.features_ + [f"x{h}_{g[2:]}" for g in self.horizon_features_]]
             plan = cache[key] = (cols, np.array([is_scaled(c) for c in names])[None, :])
         return plan
 
@@ -229,6 +252,7 @@ class LGBMForecaster(Forecaster):
 
         super().load_state(state, directory)
         self.__dict__.pop("_plans", None)
+        self.__dict__.pop("_rows", None)
         self.features_ = list(state["features_"])
         self.horizon_features_ = list(state["horizon_features_"])
         self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}

@@ -349,12 +349,6 @@ class FastFeatures:
         self.light = mode != "frame"
         self._plans: dict[tuple[int, ...], np.ndarray] = {}
         self._predict_matrix = forecaster.predict_matrix if mode == "matrix" else None
-        if mode == "matrix":
-            from bubblecast.serve.trees import RowPredictor
-
-            rows = RowPredictor.wrap(forecaster)  # bit-equal, or None
-            if rows is not None:
-                self._predict_matrix = rows.predict_matrix
 
     @staticmethod
     def needed(forecaster: Any) -> set[str]:

@@ -67,52 +67,72 @@ def _probe_matrix(rng, n: int, width: int) -> np.ndarray:
     return X
 
 
-@pytest.mark.parametrize("n", [1, 4, 17, 64, 65])
-def test_single_row_lightgbm_path_is_bit_identical_to_predict_matrix(lgbm, n):
-    """The serving shortcut for LightGBM (single-row C calls, all horizons at once) gives
-    every bit predict_matrix gives, for any horizon order; 65 rows go to predict_matrix."""
-    from bubblecast.serve.trees import RowPredictor
+def _without_row_scorer(model, monkeypatch):
+    """``model`` scoring through ``Booster.predict`` only (the reference path)."""
+    monkeypatch.setattr(model, "_row_scorer", lambda: None)
+    return model
 
-    rp = RowPredictor.wrap(lgbm)
-    assert rp is not None
+
+@pytest.mark.parametrize("n", [1, 4, 17, 64, 65])
+def test_single_row_lightgbm_path_is_bit_identical_to_booster_predict(lgbm, n, monkeypatch):
+    """predict_matrix through the single-row C calls gives every bit it gives through
+    Booster.predict, for any horizon order; 65 rows go to Booster.predict."""
+    assert lgbm._row_scorer() is not None
     rng = np.random.default_rng(n)
     nf, nh = len(lgbm.features_), len(lgbm.horizon_features_)
+    cases = []
     for hz in ([1, 5, 10], [10, 1], [5]):
         X = _probe_matrix(rng, n, nf + nh * len(hz) + 2)
+        cases.append((X, hz, lgbm.predict_matrix(X, hz)))
+    _without_row_scorer(lgbm, monkeypatch)
+    for X, hz, got in cases:
         want = lgbm.predict_matrix(X, hz)
-        got = rp.predict_matrix(X, hz)
         assert got.shape == want.shape == (n, len(hz), 3)
         np.testing.assert_array_equal(got, want)
 
 
-def test_real_windows_are_forecast_through_the_single_row_path(lgbm):
-    """FeatureModel serves LightGBM through RowPredictor, bit-equal to predict_matrix on the
-    origin rows of real windows (deeper tree paths than random probes)."""
-    from bubblecast.serve.trees import RowPredictor
+def test_real_windows_are_forecast_through_the_single_row_path(lgbm, monkeypatch):
+    """FeatureModel serves LightGBM through the single-row scorer, bit-equal to
+    Booster.predict on the origin rows of real windows (deeper tree paths than probes)."""
+    from bubblecast.forecast.lgbm_rows import RowScorer
 
     model = FeatureModel(lgbm)
-    assert isinstance(getattr(model.fast._predict_matrix, "__self__", None), RowPredictor)
-    plain = FastFeatures(lgbm, model.config, mode="matrix")
-    plain._predict_matrix = lgbm.predict_matrix
-    for seed in range(6):
-        w = run_window(seed + 20, steps=80 + seed)
-        np.testing.assert_array_equal(model.predict_window(w, [1, 5, 10]),
-                                      plain.predict(w, [1, 5, 10]))
+    calls = []
+    real = RowScorer.raw
+    monkeypatch.setattr(RowScorer, "raw", lambda self, x, key: calls.append(key) or
+                        real(self, x, key))
+    windows = [run_window(seed + 20, steps=80 + seed) for seed in range(6)]
+    got = [model.predict_window(w, [1, 5, 10]) for w in windows]
+    assert len(calls) == 3 * len(windows)  # every horizon of every window
+    _without_row_scorer(lgbm, monkeypatch)
+    for w, g in zip(windows, got, strict=True):
+        np.testing.assert_array_equal(g, model.predict_window(w, [1, 5, 10]))
 
 
 def test_a_disagreeing_single_row_path_is_not_used(lgbm, monkeypatch):
-    from bubblecast.serve.trees import RowPredictor
+    from bubblecast.forecast.lgbm_rows import RowScorer
 
-    real = RowPredictor.predict_matrix
-    monkeypatch.setattr(RowPredictor, "predict_matrix",
-                        lambda self, X, hz: real(self, X, hz) * (1 + 1e-12))
-    assert RowPredictor.wrap(lgbm) is None
-    model = FeatureModel(lgbm)  # still served through predict_matrix
+    real = RowScorer.raw
+    monkeypatch.setattr(RowScorer, "raw", lambda self, x, key: real(self, x, key) * (1 + 1e-12))
+    monkeypatch.delitem(lgbm.__dict__, "_rows", raising=False)
+    assert lgbm._row_scorer() is None
+    model = FeatureModel(lgbm)  # still served through predict_matrix, on Booster.predict
     assert model.predict_path == "matrix"
-    assert model.fast._predict_matrix == lgbm.predict_matrix
+    w = run_window(30, steps=80)
+    assert np.isfinite(model.predict_window(w, [1, 5, 10])).all()
 
 
-def test_non_lightgbm_forecasters_are_not_wrapped():
-    from bubblecast.serve.trees import RowPredictor
+def test_no_row_scorer_without_the_c_entry_point_or_mid_fit(lgbm, monkeypatch):
+    import bubblecast.forecast.lgbm_rows as rows
 
-    assert RowPredictor.wrap(object()) is None
+    def missing():
+        raise ImportError("no _LIB")
+
+    monkeypatch.setattr(rows, "_c_api", missing)
+    monkeypatch.delitem(lgbm.__dict__, "_rows", raising=False)
+    assert lgbm._row_scorer() is None
+    monkeypatch.delitem(lgbm.__dict__, "_rows")
+    partial = dict(lgbm.boosters_)
+    partial.pop(next(iter(partial)))
+    monkeypatch.setattr(lgbm, "boosters_", partial)
+    assert lgbm._row_scorer() is None and "_rows" not in lgbm.__dict__
