@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -277,16 +276,15 @@ def main(argv: list[str] | None = None) -> int:
              "predictive_responds_before_reactive": pred["first_response_step"] is not None
              and (react["first_response_step"] is None
                   or pred["first_response_step"] < react["first_response_step"])}
-    doc = {"benchmark": "live", "machine": platform.platform(), "cpus": os.cpu_count(),
-           "backend": "gloo", "ranks": 2, "mode": "sequential" if args.sequential
-           else "interleaved", "inject": inject_spec(scale),
-           "model": f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd",
-           "command": "python benchmarks/bench_live.py " + " ".join(argv or sys.argv[1:]),
-           "wall_s": time.perf_counter() - t0, "scale": scale, "every": args.every,
-           "policies": results, "overhead": cost, "goals": goals}
-    from bubblecast.telemetry.io import atomic_write_text
+    from _results import run_header, write_json
 
-    atomic_write_text(out, json.dumps(doc, indent=1, default=float))
+    header = run_header("live", argv or sys.argv[1:], backend="gloo", ranks=2,
+                        mode="sequential" if args.sequential else "interleaved",
+                        inject=inject_spec(scale),
+                        model=f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd")
+    doc = {**header, "wall_s": time.perf_counter() - t0, "scale": scale, "every": args.every,
+           "policies": results, "overhead": cost, "goals": goals}
+    write_json(out, doc)
     plot(results, scale, out.with_suffix(".png"))
     print(f"{'policy':14} {'before/s':>9} {'slowed/s':>9} {'ratio':>6} {'plateau':>8} "
           f"{'first act':>9} {'responds':>8} {'moves':>5} {'final':>6} {'decide ms':>9}")
@@ -308,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{cost['overhead_pct_median_phases']:.2f}%)")
     print(f"slowed period [{scale['start']}, {scale['end']}), ramp {scale['ramp']} steps; "
           f"goals: {json.dumps(goals)}")
-    print(f"wrote {out} and {out.with_suffix('.png')} ({doc['wall_s']:.0f} s)")
+    print(f"wrote {out.with_suffix('.png')} ({doc['wall_s']:.0f} s in all)")
     return 0
 
 

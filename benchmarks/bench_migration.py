@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -67,9 +66,9 @@ def worker(job_dir: Path) -> None:
 
 def main() -> None:
     import numpy as np
+    from _results import run_header, write_json
 
     from bubblecast.runtime.launch import failure_message, launch
-    from bubblecast.telemetry.io import atomic_write_text
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="256,512,1024")
@@ -103,12 +102,8 @@ def main() -> None:
     print(f"fit: seconds = {fixed:.4f} + {per_mb:.5f} x MB "
           f"({summary['mb_per_second']:.0f} MB/s); median {summary['median_seconds_per_mb']:.5f}"
           f" s/MB; first step after a migration +{summary['median_first_step_extra_s']:.4f} s")
-    payload = {"benchmark": "migration", "machine": platform.platform(),
-               "cpus": os.cpu_count(), "backend": "gloo", "ranks": 2,
-               "command": "python benchmarks/bench_migration.py " + " ".join(sys.argv[1:]),
-               "summary": summary, "rows": rows}
-    atomic_write_text(RESULTS, json.dumps(payload, indent=1))
-    print(f"wrote {RESULTS}")
+    write_json(RESULTS, {**run_header("migration", backend="gloo", ranks=2),
+                         "summary": summary, "rows": rows})
 
 
 if __name__ == "__main__":

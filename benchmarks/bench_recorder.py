@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -163,8 +162,9 @@ def _part_write_seconds(events: Path, steps: int) -> float:
 
 
 def main() -> None:
+    from _results import run_header, write_json
+
     from bubblecast.runtime.launch import failure_message, launch
-    from bubblecast.telemetry.io import atomic_write_text
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -215,12 +215,9 @@ def main() -> None:
           f"{1e3 * res['part_write_s']:.1f} ms per {args.flush_every}-step part + "
           f"{summary['sampling_step_us']:.0f} us per cost-sampled step (1 in 10), over "
           f"{1e3 * step:.1f} ms steps = {summary['overhead_pct_bound']:.3f}% of step time")
-    payload = {"benchmark": "recorder", "machine": platform.platform(), "cpus": os.cpu_count(),
-               "backend": "gloo", "ranks": 2, "model": f"gpt L=8 hidden={args.hidden} seq=64",
-               "command": "python benchmarks/bench_recorder.py " + " ".join(sys.argv[1:]),
-               "summary": summary}
-    atomic_write_text(RESULTS, json.dumps(payload, indent=1))
-    print(f"wrote {RESULTS}")
+    write_json(RESULTS, {**run_header("recorder", backend="gloo", ranks=2,
+                                      model=f"gpt L=8 hidden={args.hidden} seq=64"),
+                         "summary": summary})
 
 
 if __name__ == "__main__":
