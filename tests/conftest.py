@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to the real public data in ../shared/data."""
+"""Shared fixtures: paths to the real public data copied into the repository's data/."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
-MEGATRON_TRACE = SHARED_DATA / "megatron-ops" / "trace-ST.parquet"
+DATA = ROOT / "data"
+MEGATRON_TRACE = DATA / "megatron-ops" / "trace-ST.parquet"
+MEGATRON_TIMELINE = DATA / "megatron-ops" / "timeline-ST.json.gz"
+HTA_TRACES = DATA / "hta-gpu-traces"
+PIPEDREAM_PROFILES = DATA / "pipedream-profiles"
 
 
 @pytest.fixture(scope="session")
 def megatron_trace() -> Path:
-    if not MEGATRON_TRACE.exists():
-        pytest.skip(f"real data not found at {MEGATRON_TRACE}")
+    """The real Megatron-LM trace (in the repository: tests never skip for it)."""
     return MEGATRON_TRACE

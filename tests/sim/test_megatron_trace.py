@@ -1,4 +1,4 @@
-"""The real Megatron-LM trace (../shared/data/megatron-ops): replay, accounting, what-if.
+"""The real Megatron-LM trace (data/megatron-ops): replay, accounting, what-if.
 
 Reference figures from the data README: the what-if paper's own simulator replays a mean step
 of 2.173 s (median error 1.9%, launch delays removed) and gives fix_bottleneck 1.227,

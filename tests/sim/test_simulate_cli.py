@@ -12,8 +12,7 @@ from bubblecast.cli import main
 from bubblecast.telemetry import read_events
 
 PAPER = ["--f", "18.522", "--b", "18.086", "--w", "9.337", "--comm", "0.601"]
-GNMT = Path(__file__).resolve().parents[3] / "shared" / "data" / "pipedream-profiles" \
-    / "gnmt.graph.txt"
+GNMT = Path(__file__).resolve().parents[2] / "data" / "pipedream-profiles" / "gnmt.graph.txt"
 
 
 def run(tmp_path, *args, name="out.parquet"):
@@ -97,8 +96,6 @@ def test_runs_are_distinct_and_carry_ground_truth(tmp_path):
 
 
 def test_model_and_partition(tmp_path):
-    if not GNMT.exists():
-        pytest.skip("PipeDream profile not found")
     code, out = run(tmp_path, "--schedule", "zb-h1", "--stages", "4", "--microbatches", "8",
                     "--model", str(GNMT), "--partition", "10,12,12,14", "--scenario", "seqlen")
     assert code == 0

@@ -1,4 +1,4 @@
-"""The Megatron-LM importer on the real production trace in ../shared/data."""
+"""The Megatron-LM importer on the real production trace in data/megatron-ops."""
 
 from __future__ import annotations
 
