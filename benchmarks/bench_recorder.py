@@ -53,7 +53,7 @@ def _per_op_cost(n: int = 200_000) -> float:
     for name, stage in (("bare", bare), ("wrapped", wrapped)):
         times = []
         for _ in range(5):
-            rec._rows.clear()
+            rec.discard()
             t0 = time.perf_counter()
             for i in range(n):
                 stage.forward_one_chunk(i)
@@ -94,7 +94,7 @@ def _sampling_cost(layers: int = 4, microbatches: int = 4, n: int = 300) -> floa
                 for mb in range(microbatches):
                     stage.forward_one_chunk(mb)
                 rec.end_step()
-                rec._rows.clear()
+                rec.discard()
             best = min(best, (time.perf_counter() - t0) / n)
         cost[every] = best
     return cost[1] - cost[0]

@@ -1,8 +1,8 @@
 """Controller telemetry: each rank's compute seconds per step, gathered cheaply on rank 0.
 
 Every rank keeps, per step, the sum of its compute-op (F, B, W) durations, read from the
-recorder's buffer just before the step ends (:class:`StepProbe`: a few tuple reads per step,
-no allocation beyond one float). At a control boundary one ``all_gather`` of a small float64
+recorder's public step hook at each step end (:class:`StepProbe`: a few tuple reads per
+step, no allocation beyond one float). At a control boundary one ``all_gather`` of a small float64
 tensor per rank (``[n, compute of the last K steps, new per-layer forward and total cost
 samples]``, ``1 + K + 2L`` values) brings everything to rank 0, where :class:`History` keeps
 the series the policies read: per-step compute per rank, the partition and micro-batch count in
@@ -22,41 +22,21 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 
-#: Op code of ``OPTIMIZER`` rows in the recorder's buffer (see ``runtime.recorder``).
-_OPT = 3
-
 
 class StepProbe:
-    """Collects this rank's compute seconds per step from a :class:`Recorder`.
-
-    Wraps the recorder's ``end_step`` (the step's rows are still buffered then; the recorder
-    may flush them inside ``end_step``). Needs a recording recorder.
+    """Collects this rank's compute seconds per step from a :class:`Recorder`, through its
+    public step hook (the step's rows are still buffered then). Needs a recording recorder.
     """
 
     def __init__(self, recorder: Any) -> None:
-        if not getattr(recorder, "record", False) or not hasattr(recorder, "_rows"):
+        if not getattr(recorder, "record", False):
             raise BubblecastError("controller: needs a trainer that records telemetry "
                                   "(record=True)")
-        self.recorder = recorder
         self.values: list[float] = []
-        original = recorder.end_step
+        recorder.add_step_hook(self._on_step)
 
-        def end_step() -> None:
-            self.values.append(self.step_compute())
-            original()
-
-        recorder.end_step = end_step
-
-    def step_compute(self) -> float:
-        """Compute seconds of the step now ending (the rows at the buffer's tail)."""
-        rows, step = self.recorder._rows, self.recorder._step
-        total = 0.0
-        for row in reversed(rows):
-            if row[0] != step:
-                break
-            if row[3] != _OPT:
-                total += row[5]
-        return total
+    def _on_step(self, view: Any) -> None:
+        self.values.append(view.compute_s())
 
     def take(self, last: int) -> list[float]:
         """The last ``last`` per-step values (oldest first); the buffer is emptied."""

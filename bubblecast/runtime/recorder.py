@@ -24,7 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,47 @@ _OPS = ("F", "B", "W", "OPTIMIZER")
 _F, _B, _W, _OPT = range(4)
 
 
+class StepView:
+    """Read-only view of the rows of the step now ending, handed to step hooks.
+
+    Valid only during the hook call (the recorder may flush its buffer right after); reading
+    it allocates nothing, so a per-step hook stays cheap.
+    """
+
+    __slots__ = ("_rows", "step")
+
+    def __init__(self, rows: list[tuple], step: int) -> None:
+        self._rows, self.step = rows, step
+
+    def ops(self) -> Iterator[tuple[str, int, int, float]]:
+        """``(op, chunk, microbatch, duration_s)`` of each op of the step, latest first."""
+        step = self.step
+        for row in reversed(self._rows):
+            if row[0] != step:
+                return
+            yield _OPS[row[3]], row[1], row[2], row[5]
+
+    def compute_s(self) -> float:
+        """Seconds of the step's compute ops (F, B, W; the optimizer excluded)."""
+        total, step = 0.0, self.step
+        for row in reversed(self._rows):
+            if row[0] != step:
+                break
+            if row[3] != _OPT:
+                total += row[5]
+        return total
+
+
+StepHook = Callable[[StepView], None]
+
+
 class Recorder:
     """Record one rank's ops; see the module docstring.
 
     ``events_dir`` None keeps every row in memory (:meth:`frame`); otherwise rows are written
     as ``rank{r}-{k}.parquet`` parts there by a background thread and dropped from memory.
+    :meth:`add_step_hook` registers a function called at each step's end with a
+    :class:`StepView` of that step's rows (the closed-loop controller's telemetry).
     """
 
     def __init__(self, *, run_id: str, rank: int, stage: int, origin_wall: float,
@@ -68,6 +104,7 @@ class Recorder:
         self.layer_costs: list[dict[str, Any]] = []
         self._layer_modules: dict[int, dict[int, Any]] = {}
         self._hooks: list[Any] = []
+        self._step_hooks: list[StepHook] = []
         self._fwd_times: dict[int, float] = {}
         self._sampling_chunk: int | None = None
         self._queue: queue.Queue | None = None
@@ -148,14 +185,31 @@ class Recorder:
             self._rows.append((self._step, 0, -1, _OPT, t0, t1 - t0,
                                sum(self._chunk_layers.values()), 0))
 
+    def add_step_hook(self, fn: StepHook) -> None:
+        """Call ``fn(view)`` at the end of every recorded step, before the rows can be flushed.
+
+        Needs a recording recorder (``record=True``): there are no rows otherwise.
+        """
+        if not self.record:
+            raise ValueError("step hooks need a recording recorder (record=True)")
+        self._step_hooks.append(fn)
+
     def end_step(self) -> None:
         if self._hooks:
             self._stop_sampling()
         if not self.record:
             return
+        if self._step_hooks:
+            view = StepView(self._rows, self._step)
+            for fn in self._step_hooks:
+                fn(view)
         self._since_flush += 1
         if self._since_flush >= self.flush_every:
             self.flush()
+
+    def discard(self) -> None:
+        """Drop the buffered rows unwritten (overhead benchmarks that record forever)."""
+        self._rows.clear()
 
     # -- per-layer cost samples ---------------------------------------------------------
     def _start_sampling(self) -> None:
