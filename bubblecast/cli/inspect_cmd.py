@@ -26,20 +26,15 @@ def inspect(
     run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
 ) -> None:
     """Bubble fraction, structural vs dynamic bubbles, bottleneck stage and slow ranks."""
-    from bubblecast.sim.accounting import inspect_summary
-    from bubblecast.telemetry.importers import load_events
+    from bubblecast.sim.analysis import BubbleAnalysis
 
     chosen = parse_int_list(steps, "--steps")
-    events = load_events(file, format)
-    summary = inspect_summary(events, run_id=run)
+    analysis = BubbleAnalysis(file, format, run_id=run)
+    summary = analysis.summary()
     if plot is not None:
-        from bubblecast.sim.plots import plot_inspect
-
-        plot_inspect(events, summary, plot, steps=chosen)
+        analysis.plot(plot, steps=chosen)
     if perfetto is not None:
-        from bubblecast.sim.perfetto import write_perfetto
-
-        write_perfetto(events, perfetto, run_id=summary["run_id"], steps=chosen)
+        analysis.to_perfetto(perfetto, steps=chosen)
     if json_out:
         emit_json(summary)
     else:

@@ -21,12 +21,9 @@ def whatif(
         help="Keep each op's observed unexplained start delay (host launch gaps) in the replay."),
 ) -> None:
     """Replay error, and step time when ideal, bottleneck fixed, slow ranks fixed, balanced."""
-    from bubblecast.sim.replay import ReplayConfig
-    from bubblecast.sim.whatif import whatif as run_whatif
-    from bubblecast.telemetry.importers import load_events
+    from bubblecast.sim.analysis import BubbleAnalysis
 
-    events = load_events(file, format)
-    result = run_whatif(events, run, config=ReplayConfig(launch_delays=launch_delays))
+    result = BubbleAnalysis(file, format, run_id=run).whatif(launch_delays=launch_delays)
     if json_out:
         emit_json(result)
     else:
