@@ -1,12 +1,73 @@
 """bubblecast: forecast and remove pipeline bubbles in pipeline-parallel training.
 
-The package is a one-way pipeline of stages (telemetry -> sim -> dataset -> forecast ->
-policy -> runtime/serve -> cli). Importing ``bubblecast`` is cheap: heavy libraries (torch,
-mlflow, lightgbm) load only inside the modules that use them.
+The public Python API, imported from here::
+
+    from bubblecast import BubbleAnalysis, BubbleForecast, simulate_events, SimConfig
+
+The package is a one-way pipeline of layers (telemetry < sim < dataset < forecast < policy <
+runtime | serve < cli). Importing ``bubblecast`` is cheap: every public name below is resolved
+on first use (module ``__getattr__``, PEP 562), so numpy, pandas, torch, mlflow and lightgbm
+load only when a name that needs them is touched.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from bubblecast.errors import BubblecastError
 
 __version__ = "0.1.0"
 
-from bubblecast.errors import BubblecastError  # noqa: E402
+#: Public name -> "module:attribute" it is loaded from on first access.
+_EXPORTS: dict[str, str] = {
+    # analysis of one run (inspect, whatif, replay, plots)
+    "BubbleAnalysis": "bubblecast.sim.analysis:BubbleAnalysis",
+    # forecasting (dataset, fit, predict, evaluate, model directories)
+    "DatasetConfig": "bubblecast.dataset.config:DatasetConfig",
+    "Window": "bubblecast.dataset.window:Window",
+    # telemetry: the events table and its files
+    "Events": "bubblecast.telemetry.events:Events",
+    "RunMeta": "bubblecast.telemetry.schema:RunMeta",
+    "read_events": "bubblecast.telemetry.io:read_events",
+    "write_events": "bubblecast.telemetry.io:write_events",
+    "load_events": "bubblecast.telemetry.importers:load_events",
+    # simulation
+    "SimConfig": "bubblecast.sim.simulator:SimConfig",
+    "simulate_events": "bubblecast.sim.simulator:simulate_events",
+}
+# Reserved: "record" -> "bubblecast.runtime.record:record" (issue 17, the telemetry API for
+# your own torch pipeline), exported once that module exists.
+# Reserved: "Policy", "evaluate_policies" -> "bubblecast.policy.api" once it exists.
 
-__all__ = ["BubblecastError", "__version__"]
+__all__ = [
+    "BubbleAnalysis", "BubblecastError", "DatasetConfig", "Events", "RunMeta",
+    "SimConfig", "Window", "__version__", "load_events", "read_events", "simulate_events",
+    "write_events",
+]  # fmt: skip
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; nothing is imported at run time
+    from bubblecast.dataset.config import DatasetConfig
+    from bubblecast.dataset.window import Window
+    from bubblecast.sim.analysis import BubbleAnalysis
+    from bubblecast.sim.simulator import SimConfig, simulate_events
+    from bubblecast.telemetry.events import Events
+    from bubblecast.telemetry.importers import load_events
+    from bubblecast.telemetry.io import read_events, write_events
+    from bubblecast.telemetry.schema import RunMeta
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first access and cache it in the module namespace."""
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'bubblecast' has no attribute '{name}'")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names (loaded or not) and the module's dunders."""
+    return sorted(set(__all__) | {k for k in globals() if k.startswith("__")})
