@@ -98,10 +98,10 @@ def train(tmp: Path, runs: int) -> Path:
     import pandas as pd
 
     from bubblecast.dataset.features import build_features
+    from bubblecast.dataset.window import Window
     from bubblecast.forecast.lgbm import LGBMForecaster
     from bubblecast.forecast.modeldir import save_model
-    from bubblecast.serve.adapters import window_series
-    from bubblecast.serve.model import Window
+    from bubblecast.forecast.served import window_series
 
     parts = []
     for i in range(runs):
@@ -134,9 +134,9 @@ def log_pyfunc(tmp: Path, model_dir: Path) -> tuple[str, str]:
 def bodies(model_dir: Path, n: int) -> tuple[list[bytes], list[bytes], list[np.ndarray]]:
     """Forecast requests for bubblecast, the same windows' feature rows for MLflow, and the
     expected work per stage (to compare the two servers' answers)."""
+    from bubblecast.dataset.window import Window
     from bubblecast.forecast.modeldir import load_model
-    from bubblecast.serve.adapters import FeatureModel
-    from bubblecast.serve.model import Window
+    from bubblecast.forecast.served import FeatureModel
 
     model = load_model(model_dir)
     exact = FeatureModel(model, fast=False)  # the dataset's own build_features

@@ -16,7 +16,8 @@ import numpy as np
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from bubblecast.serve.model import ForecastModel, ModelInfo, Window, check_model
+from bubblecast.dataset.window import Window
+from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
 from bubblecast.serve.pipeline import pipeline_graph, step_times
 from bubblecast.serve.schemas import (
     ForecastRequest,

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
+from bubblecast.forecast.served import ForecastModel
 from bubblecast.policy.actions import Repartition, action_to_json
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.pipeline import Pipeline, predicted_step
 from bubblecast.policy.policies import PolicyState, PredictivePolicy
 from bubblecast.policy.solver import stage_work
-from bubblecast.serve.model import ForecastModel, Window
 from bubblecast.serve.predictor import Loaded, check_servable, checked_quantiles, request_window
 from bubblecast.serve.schemas import RecommendRequest, RecommendResponse, RequestError
 

@@ -74,7 +74,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def predictor():
-    from bubblecast.serve.model import ModelInfo
+    from bubblecast.forecast.served import ModelInfo
     from bubblecast.serve.predictor import Predictor
 
     return Predictor(ScaledLast(), ModelInfo(name="fake", version="1", source="memory"))

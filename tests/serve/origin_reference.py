@@ -1,4 +1,4 @@
-"""Frozen copy of ``bubblecast.serve.features.origin_matrix`` as it was before the per-request
+"""Frozen copy of ``bubblecast.dataset.online.origin_matrix`` as it was before the per-request
 CPU work (commit a4c3c0d), kept only as the reference the current implementation must equal
 bit for bit (``test_features.py``). Not used by the service."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from bubblecast.serve.model import Window
+from bubblecast.dataset.window import Window
 
 
 def _median_last(a: np.ndarray) -> np.ndarray:

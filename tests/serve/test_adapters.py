@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bubblecast.serve.adapters import FeatureModel, window_series
-from bubblecast.serve.model import Window
+from bubblecast.dataset.window import Window
+from bubblecast.forecast.served import FeatureModel, window_series
 
 STAGES, STEPS, MB = 3, 140, 4
 

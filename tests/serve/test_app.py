@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from bubblecast.forecast.served import ModelInfo
 from bubblecast.serve.app import ServeConfig, create_app
-from bubblecast.serve.model import ModelInfo
 from bubblecast.serve.predictor import Predictor
 from tests.serve.conftest import TestClient
 from tests.serve.fakes import (

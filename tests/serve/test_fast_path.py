@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblecast.serve.adapters import FeatureModel
-from bubblecast.serve.features import FastFeatures
-from bubblecast.serve.model import Window
+from bubblecast.dataset.online import FastFeatures
+from bubblecast.dataset.window import Window
+from bubblecast.forecast.served import FeatureModel
 from tests.serve.test_adapters import features_of, run_window
 
 

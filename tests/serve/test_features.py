@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bubblecast.dataset.config import DatasetConfig
-from bubblecast.serve.adapters import FeatureModel, set_known_ahead, window_series
-from bubblecast.serve.features import origin_features
-from bubblecast.serve.model import Window
+from bubblecast.dataset.online import origin_features
+from bubblecast.dataset.window import Window
+from bubblecast.forecast.served import FeatureModel, set_known_ahead, window_series
 
 
 def exact_rows(window: Window, cfg: DatasetConfig, horizons: list[int]):
@@ -69,7 +69,7 @@ def _as_request_layout(w: Window) -> Window:
 @given(window=windows(), fortran=st.booleans(), hz=st.sampled_from([[1, 5, 10], [10, 1], [5]]))
 def test_origin_matrix_is_bit_identical_to_the_first_numpy_version(window, fortran, hz):
     """The per-request CPU work kept every bit: names, float32 features and float64 level."""
-    from bubblecast.serve.features import origin_matrix
+    from bubblecast.dataset.online import origin_matrix
     from tests.serve.origin_reference import origin_matrix as reference
 
     if window.next_tokens is not None:  # one value per horizon, as the schema requires

@@ -156,8 +156,8 @@ def test_the_fuzzers_reach_the_model():
     """The plausible generator is not all refusals: some examples get a 200."""
     from fastapi.testclient import TestClient
 
+    from bubblecast.forecast.served import ModelInfo
     from bubblecast.serve.app import create_app
-    from bubblecast.serve.model import ModelInfo
     from bubblecast.serve.predictor import Predictor
     from tests.serve.fakes import ScaledLast
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from bubblecast.forecast.served import ModelInfo
 from bubblecast.policy.actions import Repartition, action_from_json
-from bubblecast.serve.model import ModelInfo
 from bubblecast.serve.predictor import Predictor
 from bubblecast.serve.schemas import RequestError
 from tests.serve.fakes import Broken, ScaledLast, forecast_request, recommend_request

@@ -1,17 +1,12 @@
-"""The dataset's features at one origin, in numpy: the service's hot path.
+"""The dataset's features at one origin, in numpy: the online (serving) hot path.
 
 :func:`bubblecast.dataset.features.build_features` computes every feature at every step with
-pandas (about 20 ms for a small window). A forecast needs them only at the window's last step,
-for each stage, which plain numpy over the window gives in a few hundred microseconds. This
-module mirrors ``build_features`` feature by feature for that one origin (same windows, same
-float32 rounding of the stored features); ``tests/serve/test_features.py`` holds the two equal
-on random windows with spikes, periods, tokens and repartitions. A model that needs a column
-this module does not compute is served by the exact pandas path instead.
-
-Per request the feature names, row positions and window constants come from caches and every
-feature is written once into one preallocated matrix; the arithmetic (and so every bit of the
-result) is that of the first numpy version, which a test keeps as a frozen reference.
-"""
+pandas (about 20 ms); a forecast needs them only at the window's last step, per stage, which
+numpy gives in a few hundred microseconds, mirroring ``build_features`` feature by feature;
+``tests/serve/test_features.py`` holds the two equal on random windows with spikes, periods,
+tokens and repartitions; a model needing a column not computed here is served the pandas way.
+Names, positions and constants are cached, each feature written once into one matrix; the
+arithmetic (every bit) is the first numpy version's, kept as a frozen test reference."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from bubblecast.serve.model import Window
+from bubblecast.dataset.window import Window
 
 HORIZON_ROWS = ("u_seasonal", "spike_due", "spike_phase", "tokens_ratio", "tokens2_ratio")
 
@@ -142,7 +137,7 @@ def _spikes(y: np.ndarray, w: int, ratio: float, history: int, out: np.ndarray, 
 
 @lru_cache(maxsize=64)
 def _lags(max_period: int) -> np.ndarray:
-    return np.arange(2, max_period + 1)
+    return np.arange(2, max_period + 1)  # cached: one array per max_period
 
 
 def _acf(y: np.ndarray, history: int, max_period: int, out: np.ndarray, i: int) -> np.ndarray:
@@ -310,7 +305,7 @@ class ColumnFrame:
     """The read-only slice of the pandas DataFrame API a forecaster's ``predict_signal``
     uses on its inputs (``columns``, ``frame[name].to_numpy()``, ``len``), over the origin
     matrix without building a DataFrame. Whether a model's ``predict_signal`` is content with
-    it is checked when the model loads (:class:`bubblecast.serve.adapters.FeatureModel`)."""
+    it is checked when the model loads (:class:`bubblecast.forecast.served.FeatureModel`)."""
 
     def __init__(self, names: list[str], matrix: np.ndarray, level: np.ndarray) -> None:
         self._index = {n: i for i, n in enumerate(names)}

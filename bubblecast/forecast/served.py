@@ -1,33 +1,80 @@
-"""Serve a trained ``bubblecast.forecast`` model from a raw window of recent steps.
+"""A trained forecaster served from a raw window of recent steps (service and controller).
+
+A served model answers :meth:`ForecastModel.predict_window` with a
+:class:`~bubblecast.dataset.window.Window` (one pipeline replica, oldest step first) and
+returns quantiles of the *delay signal* per rank and horizon (compute seconds per unit of work
+held). :func:`load_served` loads a model directory or ``models:/`` URI into one, with the
+:class:`ModelInfo` facts ``/v1/model`` reports.
 
 Forecasters read a features frame (``bubblecast.dataset``). :class:`FeatureModel` turns a
-request's :class:`~bubblecast.serve.model.Window` into the same step series the dataset builder
-makes from events (one row per stage and step: compute seconds, layer cost held, load, delay
-signal), appends ``max(horizons)`` empty future steps (carrying only the tokens known ahead),
-runs the dataset's own :func:`~bubblecast.dataset.features.build_features` and predicts from
-the origin row of each stage. Features never look ahead (the dataset stage tests that), so the
-padding changes nothing but the known-ahead inputs. That exact path costs tens of milliseconds;
-with ``fast=True`` (default) and a model whose inputs :mod:`bubblecast.serve.features`
-computes, the origin row comes from numpy instead (under a millisecond), fed to the model's
-``predict_matrix`` as a plain float array when it has one (LightGBM), else to its own
-``predict_signal`` on a light column frame. The fast path is used only if, when the model
-loads, it reproduces the exact path's input columns and forecasts on probe windows; otherwise
-the service logs a warning and stays exact (``/v1/model`` reports which: ``feature_path``).
+window into the same step series the dataset builder makes from events, appends
+``max(horizons)`` empty future steps (carrying only the tokens known ahead), runs the
+dataset's own :func:`~bubblecast.dataset.features.build_features` and predicts from the origin
+row of each stage. Features never look ahead, so the padding changes nothing but the
+known-ahead inputs. That exact path costs tens of milliseconds; with ``fast=True`` (default)
+and a model whose inputs :mod:`bubblecast.dataset.online` computes, the origin row comes from
+numpy instead (under a millisecond), fed to the model's ``predict_matrix`` when it has one
+(LightGBM), else to its ``predict_signal`` on a light column frame. The fast path is used
+only if, when the model loads, it reproduces the exact path's input columns and forecasts on
+probe windows; otherwise a warning is logged and the path stays exact (``feature_path``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Sequence
-from typing import Any
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
-from bubblecast.serve.model import Window
 
 RUN_ID = "live"
 log = logging.getLogger("bubblecast.serve")
+
+
+@runtime_checkable
+class ForecastModel(Protocol):
+    """A loaded forecaster as the service uses it.
+
+    ``min_window``: the fewest steps of history it needs. ``horizons``: the horizons it can
+    forecast, or None for any. ``predict_window(window, horizons)`` returns
+    ``(stages, len(horizons), 3)`` quantiles p10 <= p50 <= p90 of the delay signal.
+    """
+
+    min_window: int
+    horizons: tuple[int, ...] | None
+
+    def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``/v1/model`` reports about the model being served."""
+
+    name: str
+    version: str
+    source: str
+    alias: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    loaded_at: float = field(default_factory=time.time)
+
+
+def check_model(model: object) -> ForecastModel:
+    """``model`` if it follows the protocol, else a TypeError naming what is missing."""
+    missing = [a for a in ("min_window", "horizons", "predict_window") if not hasattr(model, a)]
+    if missing:
+        raise TypeError(f"{type(model).__name__} is not a ForecastModel (missing: "
+                        f"{', '.join(missing)})")
+    if int(model.min_window) < 1:  # type: ignore[attr-defined]
+        raise TypeError(f"{type(model).__name__}.min_window must be >= 1")
+    return model  # type: ignore[return-value]
 
 
 def window_series(window: Window, pad: int) -> Any:
@@ -119,7 +166,7 @@ class FeatureModel:
         self.metrics = dict(meta.get("metrics") or {})
         self.fast = None
         if fast:
-            from bubblecast.serve.features import FastFeatures
+            from bubblecast.dataset.online import FastFeatures
 
             if FastFeatures.covers(forecaster, self.config):
                 # Lightest first; each is kept only if it forecasts exactly as the pandas path.
@@ -171,7 +218,7 @@ class FeatureModel:
     def _fast_agrees(self) -> bool:
         """The fast path against the exact one on probe windows (spikes, drift, tokens,
         a repartition): every input column the model reads, and the forecasts."""
-        from bubblecast.serve.features import FastFeatures, origin_features
+        from bubblecast.dataset.online import FastFeatures, origin_features
 
         hz = list(self.horizons)
         need = sorted(FastFeatures.needed(self.forecaster) | {"level"})
@@ -229,3 +276,100 @@ class FeatureModel:
 def serve_forecaster(obj: Any, fast: bool = True) -> FeatureModel:
     """Wrap a loaded forecaster for serving, checked on a synthetic window."""
     return FeatureModel(obj, fast=fast).check()
+
+
+_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[^/@]+))$")
+
+#: ``load(uri) -> model object`` for a directory or a pinned ``models:/name/N`` URI.
+ModelLoader = Callable[[str], Any]
+
+
+def parse_uri(uri: str) -> tuple[str, str | None, str | None] | None:
+    """``(name, alias, version)`` of a ``models:/`` URI, None for anything else."""
+    m = _URI.match(uri)
+    if m is None:
+        if uri.startswith("models:/"):
+            raise BubblecastError(f"--model: '{uri}' is not models:/NAME@ALIAS or models:/NAME/N")
+        return None
+    return m.group("name"), m.group("alias"), m.group("version")
+
+
+def default_loader(uri: str, tracking_uri: str | None = None) -> Any:
+    """Load with the forecasting stage's ``load_model`` (directories and ``models:/`` URIs)."""
+    from bubblecast.forecast.modeldir import load_model
+
+    return load_model(uri, tracking_uri=tracking_uri)
+
+
+def as_forecast_model(obj: Any, uri: str) -> ForecastModel:
+    """``obj`` itself when it answers ``predict_window``; a fitted ``bubblecast.forecast``
+    forecaster wrapped by :class:`FeatureModel`."""
+    if hasattr(obj, "predict_window"):
+        return obj
+    if hasattr(obj, "predict_signal") and hasattr(obj, "horizons_"):
+        return serve_forecaster(obj)
+    raise BubblecastError(f"--model {uri}: a {type(obj).__name__} cannot forecast from a window "
+                          "of recent steps (no predict_window)")
+
+
+def model_facts(obj: Any) -> tuple[str | None, dict[str, Any]]:
+    """(name, training metrics) a loaded model reports about itself, if any."""
+    name = getattr(obj, "name", None) or getattr(obj, "kind", None)
+    metrics = getattr(obj, "metrics", None)
+    if not metrics:
+        metrics = (getattr(obj, "metadata_", None) or {}).get("metrics")
+    return (str(name) if name else None), (dict(metrics) if isinstance(metrics, dict) else {})
+
+
+def alias_version(uri: str, name: str, alias: str, tracking_uri: str | None) -> str:
+    """The registry version ``models:/name@alias`` points to now."""
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except Exception as exc:  # noqa: BLE001 - any registry failure means "unknown now"
+        raise BubblecastError(f"--model {uri}: cannot resolve alias ({exc})") from None
+
+
+def run_metrics(name: str, version: str, tracking_uri: str | None) -> dict[str, Any]:
+    """The metrics of the MLflow run that logged this version (empty if unknown)."""
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        run_id = client.get_model_version(name, version).run_id
+        return dict(client.get_run(run_id).data.metrics) if run_id else {}
+    except Exception:  # noqa: BLE001 - metrics are informative only
+        return {}
+
+
+def load_served(source: str, *, loader: ModelLoader | None = None,
+                tracking_uri: str | None = None) -> tuple[ForecastModel, ModelInfo]:
+    """Load ``source`` (a model directory, ``models:/name@alias`` or ``models:/name/N``) as a
+    served model with its facts. An alias is resolved to a version first and that exact
+    version loaded, so the version reported is the one served even if the alias moves."""
+    uri = str(source)
+    load = loader or (lambda u: default_loader(u, tracking_uri=tracking_uri))
+    registry = parse_uri(uri)
+    if registry is None:
+        if not Path(uri).is_dir():
+            raise BubblecastError(f"--model: {uri} is not a model directory or a models:/ URI")
+        try:  # a directory has no version number: its model.json's content names it
+            version = hashlib.sha256((Path(uri) / "model.json").read_bytes()).hexdigest()[:12]
+        except OSError:
+            version = "unknown"
+        obj = load(uri)
+        name, metrics = model_facts(obj)
+        info = ModelInfo(name=name or Path(uri).name, version=version, source=uri,
+                         metrics=metrics)
+        return as_forecast_model(obj, uri), info
+    reg_name, alias, pinned = registry
+    version = pinned if alias is None else alias_version(uri, reg_name, alias, tracking_uri)
+    obj = load(f"models:/{reg_name}/{version}")
+    _, metrics = model_facts(obj)
+    if not metrics:
+        metrics = run_metrics(reg_name, str(version), tracking_uri)
+    info = ModelInfo(name=reg_name, version=str(version), alias=alias, source=uri,
+                     metrics=metrics)
+    return as_forecast_model(obj, uri), info
