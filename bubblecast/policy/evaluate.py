@@ -17,20 +17,20 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.actions import Repartition, action_to_json
+from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost, run_constants
+from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import TrendForecaster, model_forecaster
 from bubblecast.policy.policies import (
     POLICIES,
     OraclePolicy,
     Policy,
-    PolicyState,
     PredictivePolicy,
     ReactivePolicy,
-    RunContext,
     StaticPolicy,
 )
 from bubblecast.policy.rundata import RunData, load_run
+from bubblecast.policy.state import PolicyState, RunContext
 from bubblecast.telemetry.events import Events
 
 REQUIRED_KEYS: tuple[str, ...] = ("step_s", "bubble_fraction", "speedup_vs_static",
@@ -80,7 +80,8 @@ class EvalConfig:
 
 @dataclass
 class PolicyTrace:
-    """One policy on one run: per-step partitions, pauses and times, and its actions."""
+    """One policy on one run: per-step partitions, pauses and times, and the decisions that
+    acted, as the policy returned them."""
 
     name: str
     partitions: np.ndarray  # (T, V)
@@ -88,7 +89,12 @@ class PolicyTrace:
     step_s: np.ndarray  # (T,) including the pause
     idle_s: np.ndarray
     cells_s: np.ndarray
-    actions: list[tuple[int, dict[str, Any]]]  # (step index it applies from, action JSON)
+    decisions: list[tuple[int, Decision]]  # (step index it applies from, the decision)
+
+    @property
+    def actions(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(step index it applies from, action JSON)`` of each decision that acted."""
+        return [(at, d.to_json()["action"]) for at, d in self.decisions]
 
     def summary(self) -> dict[str, Any]:
         cells = float(self.cells_s.sum())
@@ -127,7 +133,7 @@ def run_policy(run: RunData, policy: Policy, migration: MigrationCost,
     current = tuple(run.initial)
     parts = np.empty((T, len(current)), dtype=np.int64)
     pause = np.zeros(T)
-    actions: list[tuple[int, dict[str, Any]]] = []
+    decisions: list[tuple[int, Decision]] = []
     last: int | None = None
 
     def state_at(t: int) -> PolicyState:
@@ -140,19 +146,21 @@ def run_policy(run: RunData, policy: Policy, migration: MigrationCost,
         parts[t] = current
         if t == T - 1:
             break
-        action = policy.decide(state_at(t))
+        decision = policy.decide(state_at(t))
+        action = decision.action
         if isinstance(action, Repartition) and tuple(action.partition) != current:
             new = tuple(action.partition)
             if len(new) != len(current) or sum(new) != len(run.costs):
                 raise BubblecastError(f"policy {policy.name}: partition {list(new)} does not "
                                       f"fit {len(current)} stages and {len(run.costs)} layers")
+            # The pause the simulated run pays (the policy's migration_s is its prediction).
             pause[t + 1] = migration.seconds(current, new)
             current, last = new, t
-            actions.append((t + 1, action_to_json(action)))
+            decisions.append((t + 1, decision))
         # SetMicrobatches / SetSchedule are not modelled offline (no policy here emits them).
     out = run.outcome(parts)
     return PolicyTrace(policy.name, parts, pause, out.step_s + pause, out.idle_s, out.cells_s,
-                       actions)
+                       decisions)
 
 
 def build_policy(name: str, run: RunData, config: EvalConfig, model: Any | None,

@@ -1,6 +1,8 @@
-"""Policies: ``decide(state) -> Action`` after each observed step.
+"""Policies: ``decide(state) -> Decision`` after each observed step.
 
-All four see the same :class:`PolicyState` (recent per-rank speed history, current partition,
+Every policy returns a :class:`~bubblecast.policy.decision.Decision`: the action with the
+numbers the policy computed to choose it (None where it computed none). All four see the same
+:class:`~bubblecast.policy.state.PolicyState` (recent per-rank speed history, current partition,
 per-layer costs, the pipeline's schedule and microbatches, the migration-cost model); an
 action taken after step ``t`` applies from step ``t + 1``, whose time includes the migration
 pause.
@@ -27,68 +29,19 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.actions import Action, NoOp, Repartition
-from bubblecast.policy.cost import MigrationCost
+from bubblecast.policy.actions import Action, Repartition
+from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
-from bubblecast.policy.pipeline import Pipeline, predicted_step
+from bubblecast.policy.pipeline import predicted_step
 from bubblecast.policy.solver import (
     Partition,
-    PartitionProblem,
     SolverTables,
     candidates,
     min_bottleneck,
     solve,
     stage_work,
 )
-
-
-@dataclass
-class PolicyState:
-    """What a policy sees after step ``t`` (index into the run, 0-based).
-
-    ``history`` is ``(t + 1, P)``: each rank's observed speed (compute seconds per unit of
-    layer cost; the slowest replica's where there are several) for steps ``0..t``;
-    ``costs`` is ``(L, 3)`` per-layer F, B, W cost; ``partition`` the layers per virtual stage
-    now in force; ``last_action`` the step index of the policy's last repartition (or None).
-    """
-
-    t: int
-    history: np.ndarray
-    partition: Partition
-    costs: np.ndarray
-    pipeline: Pipeline
-    migration: MigrationCost
-    last_action: int | None = None
-    memory: np.ndarray | None = None
-    memory_cap: np.ndarray | float | None = None
-
-    def vspeed(self, rank_speed: np.ndarray) -> np.ndarray:
-        """Per-virtual-stage speeds from per-rank ones (virtual stage ``c * P + r``)."""
-        return np.tile(np.asarray(rank_speed, dtype=np.float64), self.pipeline.chunks)
-
-    @property
-    def move_bytes(self) -> np.ndarray | None:
-        """Bytes each layer ships when it moves (None when unknown: count layers instead)."""
-        b = self.migration.layer_bytes
-        return b if np.any(b > 0) else None
-
-    def problem(self, rank_speed: np.ndarray) -> PartitionProblem:
-        return PartitionProblem(self.costs.sum(axis=1), np.maximum(self.vspeed(rank_speed), 1e-12),
-                                memory=self.memory, memory_cap=self.memory_cap)
-
-
-@dataclass
-class RunContext:
-    """Facts about a run fixed before it starts; only the oracle reads ``true_step_times``.
-
-    ``true_step_times(partitions)`` returns the realised ``(K, T)`` step times (migration
-    excluded) of each partition at every step of the run.
-    """
-
-    steps: int
-    initial: Partition
-    true_step_times: Callable[[list[Partition]], np.ndarray] | None = None
-    true_speed: np.ndarray | None = None  # (T, P) realised per-rank speeds
+from bubblecast.policy.state import PolicyState, RunContext, horizon_grid, planning_speed
 
 
 class Policy:
@@ -99,8 +52,13 @@ class Policy:
     def reset(self, context: RunContext, state: PolicyState) -> None:
         """Prepare for a run (``state`` is the state before step 0)."""
 
-    def decide(self, state: PolicyState) -> Action:
+    def decide(self, state: PolicyState) -> Decision:
+        """The decision after step ``state.t``: the action and the numbers behind it."""
         raise NotImplementedError
+
+    def decide_action(self, state: PolicyState) -> Action:
+        """Only the action of :meth:`decide` (for callers that record nothing else)."""
+        return self.decide(state).action
 
 
 class StaticPolicy(Policy):
@@ -108,15 +66,24 @@ class StaticPolicy(Policy):
 
     name = "static"
 
-    def decide(self, state: PolicyState) -> Action:
-        return NoOp(reason="static policy never acts")
+    def decide(self, state: PolicyState) -> Decision:
+        return Decision.keep("static policy never acts")
 
 
-def _checked_solve(state: PolicyState, speed: np.ndarray, **kw: Any) -> Partition | NoOp:
+def _checked_solve(state: PolicyState, speed: np.ndarray, **kw: Any) -> Partition | Decision:
     try:
         return solve(state.problem(speed), **kw)
     except BubblecastError as exc:
-        return NoOp(reason=f"no feasible partition: {exc}")
+        return Decision.keep(f"no feasible partition: {exc}")
+
+
+def _repartition(state: PolicyState, new: Partition, speed: np.ndarray, reason: str
+                 ) -> Decision:
+    """A repartition to ``new`` with engine-scored step times at per-rank ``speed``."""
+    cur = tuple(state.partition)
+    step, _ = predicted_step(state.pipeline, [cur, new], state.costs, speed[None, :])
+    return Decision(Repartition(new), float(step[0, 0]), float(step[1, 0]),
+                    state.migration.seconds(cur, new), reason)
 
 
 @dataclass
@@ -140,37 +107,27 @@ class ReactivePolicy(Policy):
         if self.window < 1 or self.threshold < 0 or self.min_gain < 0:
             raise BubblecastError("ReactivePolicy: window >= 1, threshold >= 0, min_gain >= 0")
 
-    def decide(self, state: PolicyState) -> Action:
+    def decide(self, state: PolicyState) -> Decision:
         if state.t + 1 < self.window:
-            return NoOp(reason="collecting history")
+            return Decision.keep("collecting history")
         wait = self.window if self.cooldown is None else self.cooldown
         if state.last_action is not None and state.t - state.last_action < wait:
-            return NoOp(reason="cooldown after the last move")
+            return Decision.keep("cooldown after the last move")
         speed = state.history[-self.window:].mean(axis=0)
         vs = state.vspeed(speed)
         times = vs * stage_work(state.partition, state.costs.sum(axis=1))
         imbalance = times.max() / times.mean() - 1.0
         if imbalance <= self.threshold:
-            return NoOp(reason=f"imbalance {imbalance:.3f} within threshold")
+            return Decision.keep(f"imbalance {imbalance:.3f} within threshold")
         new = _checked_solve(state, speed)
-        if isinstance(new, NoOp):
+        if isinstance(new, Decision):
             return new
         after = float(np.max(vs * stage_work(new, state.costs.sum(axis=1))))
         if new == tuple(state.partition) or after > times.max() * (1.0 - self.min_gain):
-            return NoOp(reason="rebalancing would not cut the bottleneck enough")
-        return Repartition(new)
-
-
-#: Forecast horizons the predictive policy scores, and the steps each one stands for.
-def _horizon_grid(horizon: int) -> tuple[np.ndarray, np.ndarray]:
-    points = [1]
-    while points[-1] * 2 <= horizon:
-        points.append(points[-1] * 2)
-    if points[-1] != horizon:
-        points.append(horizon)
-    hz = np.array(points, dtype=np.int64)
-    weight = np.diff(np.r_[0, hz]).astype(np.float64)
-    return hz, weight
+            return Decision.keep("rebalancing would not cut the bottleneck enough")
+        return _repartition(state, new, speed, f"observed imbalance {imbalance:.3f} over the "
+                            f"last {self.window} steps; bottleneck {times.max():.4g} -> "
+                            f"{after:.4g}")
 
 
 @dataclass
@@ -199,18 +156,17 @@ class PredictivePolicy(Policy):
             raise BubblecastError("PredictivePolicy: horizon >= 1, risk in [0, 1], margin >= 0")
         if self.min_gain < 0 or self.hold < 0 or self.min_history < 1:
             raise BubblecastError("PredictivePolicy: min_gain, hold >= 0 and min_history >= 1")
-        self._hz, self._weight = _horizon_grid(self.horizon)
+        self._hz, self._weight = horizon_grid(self.horizon)
 
     def plan_speeds(self, state: PolicyState) -> np.ndarray:
         """``(H, P)`` risk-weighted speeds at the horizon grid points."""
-        q = self.forecaster.forecast(state, self._hz)  # (H, P, 3)
-        return (1.0 - self.risk) * q[:, :, 1] + self.risk * q[:, :, 2]
+        return planning_speed(self.forecaster.forecast(state, self._hz), self.risk)
 
-    def decide(self, state: PolicyState) -> Action:
+    def decide(self, state: PolicyState) -> Decision:
         if state.t + 1 < self.min_history:
-            return NoOp(reason="collecting history")
+            return Decision.keep("collecting history")
         if state.last_action is not None and state.t - state.last_action < self.hold:
-            return NoOp(reason="holding after the last move (hysteresis)")
+            return Decision.keep("holding after the last move (hysteresis)")
         plan = self.plan_speeds(state)
         mean_speed = (plan * self._weight[:, None]).sum(axis=0) / self._weight.sum()
         current = tuple(state.partition)
@@ -222,25 +178,42 @@ class PredictivePolicy(Policy):
             tables = SolverTables(prob)
             opt = min_bottleneck(prob, tables)
         except BubblecastError as exc:
-            return NoOp(reason=f"no feasible partition: {exc}")
+            return Decision.keep(f"no feasible partition: {exc}")
         if opt > now * (1.0 - self.min_gain):  # cheap screen before the engine
-            return NoOp(reason="forecast shows no imbalance worth a move")
+            return Decision.keep("forecast shows no imbalance worth a move")
         found = candidates(prob, current=current, move_bytes=state.move_bytes,
                            tables=tables, bottleneck=opt)
         options = [current] + [p for p in found if p != current]
         step, _ = predicted_step(state.pipeline, options, state.costs, plan)  # (K, H)
+        return self._judge(state, options, step, plan)
+
+    def _judge(self, state: PolicyState, options: list[Partition], step: np.ndarray,
+               plan: np.ndarray) -> Decision:
+        """Move to the predicted-fastest option only if it pays back its migration."""
         total_time = step @ self._weight  # predicted seconds over the horizon
+        mean = total_time / self._weight.sum()  # predicted mean step time per option
         best = int(np.argmin(total_time))
+        keep = {"predicted_step_s": float(mean[0]),
+                "predicted_step_with_action_s": float(mean[0]), "migration_s": 0.0}
         if best == 0:
-            return NoOp(reason="current partition is predicted fastest")
+            return Decision.keep("current partition is predicted fastest", **keep)
+        current, target = options[0], options[best]
         saving = float(total_time[0] - total_time[best])
-        cost = state.migration.seconds(current, options[best])
+        cost = state.migration.seconds(current, target)
         per_step = saving / self._weight.sum() / max(float(step[0].mean()), 1e-12)
         if per_step < self.min_gain:
-            return NoOp(reason=f"predicted gain {per_step:.4f}/step below {self.min_gain}")
+            return Decision.keep(f"predicted gain {per_step:.4f}/step below {self.min_gain}",
+                                 **keep)
         if saving <= (1.0 + self.margin) * cost:
-            return NoOp(reason=f"saving {saving:.4g} s does not pay back migration {cost:.4g} s")
-        return Repartition(options[best])
+            return Decision.keep(f"saving {saving:.4g} s does not pay back migration "
+                                 f"{cost:.4g} s", **keep)
+        rank_plan = plan.mean(axis=0)
+        slow = int(np.argmax(rank_plan))
+        ratio = float(rank_plan[slow] / plan.mean())
+        reason = (f"stage {slow} forecast {ratio:.2f}x slower than the mean per layer cost; "
+                  f"{list(current)} -> {list(target)} saves {mean[0] - mean[best]:.4g} s/step "
+                  f"over {self.horizon} steps, migration {cost:.4g} s")
+        return Decision(Repartition(target), float(mean[0]), float(mean[best]), cost, reason)
 
 
 @dataclass
@@ -258,6 +231,9 @@ class OraclePolicy(Policy):
     max_candidates: int = 48
     name: str = "oracle"
     plan_: list[Partition] = field(default_factory=list, init=False, repr=False)
+    candidates_: list[Partition] = field(default_factory=list, init=False, repr=False)
+    times_: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), init=False,
+                               repr=False)
 
     def reset(self, context: RunContext, state: PolicyState) -> None:
         if context.true_step_times is None or context.true_speed is None:
@@ -267,6 +243,7 @@ class OraclePolicy(Policy):
         mig = np.array([[state.migration.seconds(a, b) for b in cands] for a in cands])
         self.plan_ = [cands[i] for i in viterbi(times, mig, start=0)]
         self.candidates_ = cands
+        self.times_ = times
 
     def _candidates(self, context: RunContext, state: PolicyState) -> list[Partition]:
         speed = np.asarray(context.true_speed, dtype=np.float64)
@@ -300,14 +277,23 @@ class OraclePolicy(Policy):
         step, _ = predicted_step(state.pipeline, found, state.costs, speed)
         return found[int(np.argmin(step[:, 0]))]
 
-    def decide(self, state: PolicyState) -> Action:
+    def decide(self, state: PolicyState) -> Decision:
         nxt = state.t + 1
         if nxt >= len(self.plan_):
-            return NoOp(reason="end of run")
-        target = self.plan_[nxt]
-        if target == tuple(state.partition):
-            return NoOp(reason="oracle keeps the partition")
-        return Repartition(target)
+            return Decision.keep("end of run")
+        target, current = self.plan_[nxt], tuple(state.partition)
+        index = {p: i for i, p in enumerate(self.candidates_)}
+        now = self._true_time(index.get(current), nxt)
+        if target == current:
+            return Decision.keep("oracle keeps the partition", predicted_step_s=now,
+                                 predicted_step_with_action_s=now, migration_s=0.0)
+        return Decision(Repartition(target), now, self._true_time(index.get(target), nxt),
+                        state.migration.seconds(current, target),
+                        f"realised future: {list(target)} is on the least-time path")
+
+    def _true_time(self, k: int | None, t: int) -> float | None:
+        """The realised step time of candidate ``k`` at step ``t`` (None when unknown)."""
+        return None if k is None else float(self.times_[k, t])
 
 
 def viterbi(times: np.ndarray, migration: np.ndarray, start: int = 0) -> list[int]:

@@ -39,18 +39,18 @@ def slow_rank(steps: int, factor: float, rank: int = 2, onset: int = 0) -> np.nd
 
 
 def test_static_never_acts():
-    assert isinstance(StaticPolicy().decide(state(slow_rank(50, 3.0))), NoOp)
+    assert isinstance(StaticPolicy().decide_action(state(slow_rank(50, 3.0))), NoOp)
 
 
 def test_reactive_rebalances_a_persistent_slow_rank_then_cools_down():
     pol = ReactivePolicy(window=10)
-    assert isinstance(pol.decide(state(slow_rank(5, 2.0))), NoOp)  # not enough history yet
-    act = pol.decide(state(slow_rank(20, 2.0)))
+    assert isinstance(pol.decide_action(state(slow_rank(5, 2.0))), NoOp)  # not enough history yet
+    act = pol.decide_action(state(slow_rank(20, 2.0)))
     assert isinstance(act, Repartition)
     assert act.partition[2] < 4 and sum(act.partition) == 16
-    assert isinstance(pol.decide(state(slow_rank(20, 2.0), act.partition, last=15)), NoOp)
+    assert isinstance(pol.decide_action(state(slow_rank(20, 2.0), act.partition, last=15)), NoOp)
     # Balanced already: nothing to do.
-    assert isinstance(pol.decide(state(np.ones((20, 4)))), NoOp)
+    assert isinstance(pol.decide_action(state(np.ones((20, 4)))), NoOp)
 
 
 def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
@@ -60,7 +60,7 @@ def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
 
     def first_move(pol):
         for end in range(21, 120):
-            act = pol.decide(state(h[:end]))
+            act = pol.decide_action(state(h[:end]))
             if isinstance(act, Repartition):
                 assert act.partition[1] < 4
                 return end
@@ -74,11 +74,11 @@ def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
 def test_predictive_holds_and_respects_migration_cost():
     h = slow_rank(40, 1.5)
     pol = PredictivePolicy(hold=5)
-    assert isinstance(pol.decide(state(h)), Repartition)
-    held = pol.decide(state(h, last=37))
+    assert isinstance(pol.decide_action(state(h)), Repartition)
+    held = pol.decide_action(state(h, last=37))
     assert isinstance(held, NoOp) and "hysteresis" in held.reason
     dear = MigrationCost(np.full(16, 1e9), MigrationConstants(bandwidth_Bps=1e6))
-    refused = pol.decide(state(h, migration=dear))
+    refused = pol.decide_action(state(h, migration=dear))
     assert isinstance(refused, NoOp) and "migration" in refused.reason
 
 
@@ -87,20 +87,20 @@ def test_predictive_ignores_noise():
     pol = PredictivePolicy()
     for k in range(20):
         h = 1.0 + 0.02 * rng.standard_normal((60 + k, 4))
-        assert isinstance(pol.decide(state(h)), NoOp)
+        assert isinstance(pol.decide_action(state(h)), NoOp)
 
 
 def test_infeasible_memory_cap_gives_noop_with_reason():
     memory = np.full(16, 10.0)
     h = slow_rank(40, 2.0)
     for pol in (ReactivePolicy(), PredictivePolicy()):
-        act = pol.decide(state(h, memory=memory, memory_cap=30.0))  # 4 x 30 < 160 bytes
+        act = pol.decide_action(state(h, memory=memory, memory_cap=30.0))  # 4 x 30 < 160 bytes
         assert isinstance(act, NoOp) and "memory_cap" in act.reason
 
 
 def test_memory_cap_is_respected():
     memory = np.full(16, 10.0)
-    act = ReactivePolicy().decide(state(slow_rank(40, 3.0), memory=memory, memory_cap=50.0))
+    act = ReactivePolicy().decide_action(state(slow_rank(40, 3.0), memory=memory, memory_cap=50.0))
     assert isinstance(act, Repartition) and max(act.partition) <= 5
 
 
@@ -138,3 +138,19 @@ def test_viterbi_is_the_best_path(k, T, data):
 
     best = min(total(p) for p in itertools.product(range(k), repeat=T) if p[0] == 0)
     assert path[0] == 0 and total(path) == pytest.approx(best)
+
+
+def test_decisions_carry_the_numbers_the_policy_computed():
+    h = slow_rank(40, 1.5)
+    moved = PredictivePolicy(hold=5).decide(state(h))
+    assert isinstance(moved.action, Repartition) and moved.reason.startswith("stage 2 forecast")
+    assert moved.predicted_step_with_action_s < moved.predicted_step_s
+    assert moved.migration_s == pytest.approx(CHEAP.seconds((4, 4, 4, 4), moved.action.partition))
+    held = PredictivePolicy(hold=5).decide(state(h, last=37))
+    assert held.action == NoOp(reason=held.reason) and held.predicted_step_s is None
+    reactive = ReactivePolicy(window=10).decide(state(slow_rank(20, 2.0)))
+    step, _ = predicted_step(PIPE, [(4, 4, 4, 4), reactive.action.partition], COSTS,
+                             np.array([[1.0, 1.0, 2.0, 1.0]]))
+    assert reactive.predicted_step_s == pytest.approx(step[0, 0])
+    assert reactive.predicted_step_with_action_s == pytest.approx(step[1, 0])
+    assert StaticPolicy().decide(state(h)).to_json()["predicted_step_s"] is None
