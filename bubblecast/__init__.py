@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     # analysis of one run (inspect, whatif, replay, plots)
     "BubbleAnalysis": "bubblecast.sim.analysis:BubbleAnalysis",
     # forecasting (dataset, fit, predict, evaluate, model directories)
+    "BubbleForecast": "bubblecast.forecast.facade:BubbleForecast",
     "DatasetConfig": "bubblecast.dataset.config:DatasetConfig",
     "Window": "bubblecast.dataset.window:Window",
     # telemetry: the events table and its files
@@ -41,7 +42,7 @@ _EXPORTS: dict[str, str] = {
 # Reserved: "Policy", "evaluate_policies" -> "bubblecast.policy.api" once it exists.
 
 __all__ = [
-    "BubbleAnalysis", "BubblecastError", "DatasetConfig", "Events", "RunMeta",
+    "BubbleAnalysis", "BubbleForecast", "BubblecastError", "DatasetConfig", "Events", "RunMeta",
     "SimConfig", "Window", "__version__", "load_events", "read_events", "simulate_events",
     "write_events",
 ]  # fmt: skip
@@ -49,6 +50,7 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and IDEs only; nothing is imported at run time
     from bubblecast.dataset.config import DatasetConfig
     from bubblecast.dataset.window import Window
+    from bubblecast.forecast.facade import BubbleForecast
     from bubblecast.sim.analysis import BubbleAnalysis
     from bubblecast.sim.simulator import SimConfig, simulate_events
     from bubblecast.telemetry.events import Events

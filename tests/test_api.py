@@ -108,3 +108,91 @@ def test_analysis_refuses_a_missing_file_in_one_line(tmp_path):
 
     with pytest.raises(BubblecastError, match="no such file"):
         BubbleAnalysis(tmp_path / "missing.parquet").summary()
+
+
+# -- BubbleForecast ----------------------------------------------------------------------------
+
+DATASET_ARGS = ("--horizons", "1,5", "--windows", "5,20", "--lags", "8")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Five short simulated runs in one events file, and a forecaster fitted on them."""
+    from bubblecast import BubbleForecast, SimConfig, simulate_events, write_events
+    from bubblecast.forecast.lgbm import LGBMForecaster
+
+    events = simulate_events(SimConfig(stages=3, microbatches=4, steps=80, runs=5,
+                                       scenario="mixed", seed=1, run_id="fleet"))
+    path = write_events(events, tmp_path_factory.mktemp("fleet") / "fleet.parquet")
+    lgbm = LGBMForecaster(n_estimators=20, num_leaves=7, min_child_samples=5)
+    forecast = BubbleForecast(models=[lgbm, "ewma"], horizons=(1, 5), windows=(5, 20), lags=8)
+    assert forecast.fit(path) is forecast
+    assert not hasattr(lgbm, "horizons_")  # the given estimator was cloned, not fitted
+    return events, path, forecast
+
+
+def _sorted(frame):
+    return frame.sort_values(["model", "stage", "horizon"]).reset_index(drop=True)
+
+
+def test_forecast_follows_estimator_rules():
+    from bubblecast import BubblecastError, BubbleForecast
+
+    forecast = BubbleForecast(models=["last"], horizons=(1, 5))
+    assert forecast.get_params()["models"] == ["last"]
+    assert not [k for k in vars(forecast) if k.endswith("_")]
+    with pytest.raises(BubblecastError, match="not fitted"):
+        forecast.predict(None)
+    with pytest.raises(BubblecastError, match="unknown model 'nope'"):
+        BubbleForecast(models=["nope"]).fit([])
+
+
+def test_forecast_predict_matches_the_features_frame_at_the_same_origin(fleet):
+    import numpy as np
+
+    events, _, forecast = fleet
+    assert list(forecast.models_) == ["lgbm", "ewma"] and forecast.horizons_ == [1, 5]
+    run = events.run("fleet-2")
+    pred = forecast.predict(run)
+    assert len(pred) == 2 * 3 * 2 and np.isfinite(pred[["p10", "p50", "p90"]]).all().all()
+    assert (pred["p10"] <= pred["p50"]).all() and (pred["p50"] <= pred["p90"]).all()
+    frame, _ = forecast.features(run)
+    last = frame.loc[frame["step"] == frame["step"].max()].sort_values("stage")
+    expected = forecast.models_["lgbm"].predict_signal(last, [1, 5])
+    got = pred[pred["model"] == "lgbm"]
+    for h in (1, 5):
+        q = got[got["horizon"] == h].sort_values("stage")[["p10", "p50", "p90"]].to_numpy()
+        np.testing.assert_allclose(q, np.sort(expected[h], axis=1), rtol=1e-9)
+
+
+def test_forecast_save_load_round_trip(fleet, tmp_path):
+    import pandas as pd
+
+    from bubblecast import BubbleForecast
+
+    events, _, forecast = fleet
+    run = events.run("fleet-0")
+    forecast.save(tmp_path / "both")
+    assert sorted(p.name for p in (tmp_path / "both").iterdir()) == ["ewma", "lgbm"]
+    back = BubbleForecast.load(tmp_path / "both")
+    assert back.horizons_ == [1, 5] and back.dataset_config_ == forecast.dataset_config_
+    pd.testing.assert_frame_equal(_sorted(back.predict(run)), _sorted(forecast.predict(run)))
+    one = BubbleForecast.load(tmp_path / "both" / "lgbm")
+    assert list(one.models_) == ["lgbm"]
+    pd.testing.assert_frame_equal(one.predict(run),
+                                  forecast.predict(run).query("model == 'lgbm'")
+                                  .reset_index(drop=True))
+
+
+def test_forecast_evaluate_is_the_evaluate_json(fleet, tmp_path, capsys):
+    events, path, forecast = fleet
+    features = tmp_path / "features.parquet"
+    built = _cli_json(capsys, "dataset", str(path), "--out", str(features), *DATASET_ARGS)
+    assert built["fingerprint"] == forecast.dataset_["fingerprint"]
+    single = type(forecast)(models=[forecast.models_["lgbm"]]).set_params(
+        horizons=(1, 5), windows=(5, 20), lags=8).fit(path)
+    single.save(tmp_path / "model")
+    expected = _cli_json(capsys, "evaluate", str(features), "--model", str(tmp_path / "model"),
+                         "--no-track")
+    assert _plain(single.evaluate(events)) == expected
+    assert "lgbm" in expected["models"]
