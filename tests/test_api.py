@@ -179,9 +179,24 @@ def test_forecast_save_load_round_trip(fleet, tmp_path):
     pd.testing.assert_frame_equal(_sorted(back.predict(run)), _sorted(forecast.predict(run)))
     one = BubbleForecast.load(tmp_path / "both" / "lgbm")
     assert list(one.models_) == ["lgbm"]
-    pd.testing.assert_frame_equal(one.predict(run),
-                                  forecast.predict(run).query("model == 'lgbm'")
+    pred = one.predict(run)
+    pd.testing.assert_frame_equal(pred, forecast.predict(run).query("model == 'lgbm'")
                                   .reset_index(drop=True))
+
+
+def test_forecast_saved_model_is_what_serve_loads(fleet, tmp_path):
+    import numpy as np
+
+    from bubblecast.forecast.facade import window_from_events
+    from bubblecast.forecast.served import load_served
+
+    events, _, forecast = fleet
+    forecast.save(tmp_path / "both")
+    served, info = load_served(str(tmp_path / "both" / "lgbm"))
+    window = window_from_events(events, "fleet-1")
+    q = np.sort(served.predict_window(window, [1, 5]), axis=2)  # (stages, horizons, 3)
+    pred = forecast.predict(window).query("model == 'lgbm'")
+    np.testing.assert_allclose(pred["p50"].to_numpy(), q[:, :, 1].ravel(), rtol=1e-9)
 
 
 def test_forecast_evaluate_is_the_evaluate_json(fleet, tmp_path, capsys):
