@@ -13,16 +13,14 @@ from bubblecast.cli.common import emit_json
 @app.command()
 def demo(
     out: Path = typer.Option(Path("bubblecast-demo"), "--out",
-                             help="Output folder (report, stage folders, MLflow store)."),
+                             help="Output folder (report, stage folders, MLflow store); an "
+                                  "earlier demo there is replaced."),
     quick: bool = typer.Option(False, "--quick", help="A smaller suite and shorter runs."),
     seed: int = typer.Option(0, "--seed", help="Seed of every random choice."),
-    resume: bool = typer.Option(False, "--resume",
-                                help="Keep stages an earlier run finished with the same "
-                                     "settings; redo the rest."),
     no_live: bool = typer.Option(False, "--no-live", help="Skip the live closed loop."),
     megatron: Path | None = typer.Option(
         None, "--megatron", help="Megatron-LM trace to inspect (default: "
-                                 "../shared/data/megatron-ops/trace-ST.parquet)."),
+                                 "data/megatron-ops/trace-ST.parquet)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     preset_name: str | None = typer.Option(None, "--preset", hidden=True,
                                            help="default, quick or tiny (smoke tests)."),
@@ -30,8 +28,10 @@ def demo(
     """The end-to-end example on embedded defaults; prints where the report is."""
     import sys
 
+    from rich.console import Console
+    from rich.markup import escape
+
     from bubblecast.demo import preset, run_demo
-    from bubblecast.demo.progress import progress_display
 
     overrides: dict[str, object] = {"seed": seed}
     if no_live:
@@ -40,13 +40,14 @@ def demo(
         overrides["megatron"] = str(megatron)
     config = preset(preset_name or ("quick" if quick else "default"), **overrides)
     command = "bubblecast " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["demo"] else None
-    with progress_display("none" if json_out else "auto") as progress:
-        result = run_demo(config, out, resume=resume, progress=progress, command=command)
+    console = Console(stderr=True, highlight=False)
+    doc = run_demo(config, out, command=command, say=None if json_out else (
+        lambda line: console.print(f"[green]✓[/green] {escape(line)}", soft_wrap=True)))
     if json_out:
-        emit_json(result.to_json())
+        emit_json(doc)
         return
-    lines = [f"report: {result.report}  ({result.seconds:.0f} s)"]
-    if result.mlflow_ui:
-        lines.append(f"MLflow UI: {result.mlflow_ui}")
-    lines.append(f"serve the champion: {result.serve}")
+    lines = [f"report: {doc['report']}  ({doc['seconds']:.0f} s)"]
+    if doc["mlflow_ui"]:
+        lines.append(f"MLflow UI: {doc['mlflow_ui']}")
+    lines.append(f"serve the champion: {doc['serve']}")
     typer.echo("\n".join(lines))

@@ -1,4 +1,4 @@
-"""``bubblecast demo`` end to end on the tiny preset: report, reproducibility, interruption.
+"""``bubblecast demo`` end to end on the tiny preset: report, JSON, reproducibility, interruption.
 
 The tiny preset keeps every stage but the live loop and MLflow (covered by the slow tests in
 ``test_demo_slow.py``) and runs in seconds.
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+import bubblecast.demo as demo_module
 from bubblecast.cli import main
-from bubblecast.demo import STAGES, figures, preset, run_demo
-from bubblecast.demo.stages import STAGE_FILE
+from bubblecast.demo import STAGES, preset, run_demo
+from bubblecast.demo_report import figures
 from tests.helpers import all_finite
 
 NAMES = [name for name, _, _ in STAGES]
@@ -33,8 +34,6 @@ def first(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads(stdout.getvalue())
 
 
-
-
 def test_report_shows_every_stage_with_figures_from_the_run(first):
     out, doc = first
     report = (out / "report.md").read_text()
@@ -44,17 +43,19 @@ def test_report_shows_every_stage_with_figures_from_the_run(first):
         assert f"## {k}. {title}" in report
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
     assert len(images) >= 5
-    for rel in images:  # every figure exists, was written by this run, and is a PNG
+    listed = report.split("## Figures")[1]
+    for rel in images:  # every figure exists, was written by this run, is a PNG, is listed
         png = out / rel
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert png.stat().st_mtime >= (out / "simulate" / STAGE_FILE).stat().st_mtime - 1
+        assert png.stat().st_mtime >= (out / "simulate" / "train.parquet").stat().st_mtime - 1
+        assert re.search(rf"\| `{re.escape(rel)}` \| \S", listed)
     assert doc["report"] == str(out / "report.md")
-    assert json.loads((out / "demo.json").read_text())["stages"].keys() >= set(NAMES)
-    for name in NAMES:
-        assert (out / name / STAGE_FILE).is_file()
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert json.loads((out / "demo.json").read_text())["stages"].keys() == set(NAMES)
+    assert not [p for p in out.rglob("*") if p.name.startswith(".")]
     stages = doc["stages"]
     assert stages["live"]["skipped"]
+    assert {s: v["runs"] for s, v in stages["simulate"]["scenarios"].items()} == {
+        s: 3 for s in preset("tiny").scenarios}  # 2 training runs + 1 held-out run each
     table = stages["forecast_eval"]["table"]
     assert {r["model"] for r in table} == {"lgbm", "seq"}
     assert {r["horizon"] for r in table} == set(preset("tiny").horizons)
@@ -64,43 +65,42 @@ def test_report_shows_every_stage_with_figures_from_the_run(first):
     assert pol["static"]["speedup_vs_static"] == 1.0
     assert pol["oracle"]["step_s"] <= pol["static"]["step_s"]
     assert all_finite(figures(stages)["forecast_eval"]["table"])
-    if stages["megatron"].get("skipped") is None:
+    if stages["megatron"].get("skipped") is None:  # the real trace is in data/
         assert stages["megatron"]["inspect"]["bottleneck_stage"] == 3
-        assert "## 6. Real Megatron-LM trace" in report and "Skipped" not in report.split(
-            "## 6.")[1].split("## 7.")[0]
+        section = report.split("## 6.")[1].split("## 7.")[0]
+        assert "Real Megatron-LM trace" in section and "Skipped" not in section
+        assert (out / "megatron" / "whatif.json").is_file()
 
 
-def test_interrupted_run_leaves_nothing_half_written_and_resumes_to_the_same_figures(
+def test_interrupted_run_leaves_no_report_and_a_rerun_repeats_the_figures(
         first, tmp_path, monkeypatch):
     out = tmp_path / "b"
-    config = preset("tiny", seed=3)
-    import bubblecast.demo.run as run_module
+    config = preset("tiny", seed=3, megatron=None)
 
-    def broken(config, ws, ctx, progress):  # writes part of its output, then is killed
-        (ctx.dir / "policy_eval.json").write_text('{"partial": ')
+    def broken(demo):  # writes part of its output, then is killed
+        (demo.out / "policy_eval").mkdir()
+        (demo.out / "policy_eval" / "policy_eval.json").write_text('{"partial": ')
         raise KeyboardInterrupt
 
     patched = tuple((n, t, broken if n == "policy_eval" else f) for n, t, f in STAGES)
-    monkeypatch.setattr(run_module, "STAGES", patched)
+    monkeypatch.setattr(demo_module, "STAGES", patched)
     with pytest.raises(KeyboardInterrupt):
         run_demo(config, out)
-    left = sorted(p.name for p in out.iterdir())
-    assert left == ["dataset", "forecast_eval", "simulate", "train"]  # no temp, no report
-    monkeypatch.setattr(run_module, "STAGES", STAGES)
-
-    resumed = run_demo(config, out, resume=True)
-    assert resumed.reused == ["simulate", "dataset", "train", "forecast_eval"]
-    again = run_demo(config, out, resume=True)
-    assert again.reused == NAMES
+    assert not (out / "report.md").exists() and not (out / "demo.json").exists()
+    monkeypatch.setattr(demo_module, "STAGES", STAGES)
+    lines: list[str] = []
+    doc = run_demo(config, out, say=lines.append)  # the folder of the interrupted run: reused
+    assert [line.split("]")[0] for line in lines] == [f"[{k}/7" for k in range(1, 8)]
+    assert json.loads((out / "policy_eval" / "policy_eval.json").read_text())["policies"]
     # same seed, computed independently in another folder: the same figures, exactly
-    reference = figures(first[1]["stages"])
-    assert figures(resumed.to_json()["stages"]) == reference
-    assert figures(json.loads((out / "demo.json").read_text())["stages"]) == reference
+    assert figures(doc["stages"]) == figures(first[1]["stages"])
+    assert figures(json.loads((out / "demo.json").read_text())["stages"]) == figures(
+        first[1]["stages"])
 
 
 @pytest.mark.slow
 def test_another_seed_gives_other_figures(first, tmp_path):
-    stages = run_demo(preset("tiny", seed=4, megatron=None), tmp_path / "c").to_json()["stages"]
+    stages = run_demo(preset("tiny", seed=4, megatron=None), tmp_path / "c")["stages"]
     assert figures(stages)["forecast_eval"] != figures(first[1]["stages"])["forecast_eval"]
     assert stages["megatron"]["skipped"]
 
@@ -108,6 +108,10 @@ def test_another_seed_gives_other_figures(first, tmp_path):
 def test_bad_demo_options_exit_2(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "x"), "--seed", "-1"]) == 2
     assert main(["demo", "--out", str(tmp_path / "x"), "--preset", "huge"]) == 2
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert main(["demo", "--out", str(tmp_path / "mine"), "--preset", "tiny"]) == 2
     err = capsys.readouterr().err
-    assert err.count("bubblecast: error:") == 2
+    assert err.count("bubblecast: error:") == 3 and "not empty" in err
     assert not (tmp_path / "x").exists()
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]

@@ -1,64 +1,15 @@
-"""Stage folders commit atomically; leftovers of an interrupted run are cleaned; config checks."""
+"""The demo's config, output folder, strict JSON and live-figure helpers (no stage runs)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from bubblecast.demo.config import DemoConfig, preset
-from bubblecast.demo.stages import STAGE_FILE, Workspace, dumps
+from bubblecast.demo import DemoConfig, _prepare, preset
+from bubblecast.demo_report import dumps, ideal_speedup, render, slowed_steps
 from bubblecast.errors import BubblecastError
-
-
-def test_stage_commits_only_when_its_body_returns(tmp_path):
-    ws = Workspace(tmp_path / "out")
-    with ws.stage("a", "fp1") as ctx:
-        (ctx.dir / "data.txt").write_text("one")
-        ctx.result["n"] = 1
-    assert (ws.path("a", "data.txt")).read_text() == "one"
-    assert ws.finished("a", "fp1")["result"] == {"n": 1}
-    assert ws.finished("a", "other") is None
-
-    with pytest.raises(KeyboardInterrupt), ws.stage("a", "fp2") as ctx:
-        (ctx.dir / "data.txt").write_text("half")
-        raise KeyboardInterrupt
-    # the previous complete folder is untouched and nothing half-written is left
-    assert ws.path("a", "data.txt").read_text() == "one"
-    assert ws.record("a")["fingerprint"] == "fp1"
-    assert [p.name for p in ws.out.iterdir()] == ["a"]
-
-
-def test_stage_replaces_previous_folder_and_promotes_files(tmp_path):
-    ws = Workspace(tmp_path / "out")
-    with ws.stage("a", "fp1") as ctx:
-        (ctx.dir / "old.txt").write_text("old")
-    with ws.stage("a", "fp2") as ctx:
-        (ctx.dir / "new.txt").write_text("new")
-        (ctx.dir / "store.db").write_text("db")
-        ctx.promote(ctx.dir / "store.db", ws.out / "store.db")
-    assert sorted(p.name for p in ws.path("a").iterdir()) == ["new.txt", STAGE_FILE]
-    assert (ws.out / "store.db").read_text() == "db"
-    assert sorted(p.name for p in ws.out.iterdir()) == ["a", "store.db"]
-
-
-def test_clean_removes_what_a_killed_run_left(tmp_path):
-    ws = Workspace(tmp_path)
-    (tmp_path / ".tmp-train-4242").mkdir()
-    (tmp_path / ".tmp-train-4242" / "lgbm").mkdir()
-    (tmp_path / ".old-dataset-17").mkdir()
-    (tmp_path / ".report.md.abc.tmp").write_text("partial")
-    (tmp_path / "simulate").mkdir()
-    removed = ws.clean()
-    assert sorted(removed) == [".old-dataset-17", ".report.md.abc.tmp", ".tmp-train-4242"]
-    assert [p.name for p in tmp_path.iterdir()] == ["simulate"]
-
-
-def test_unreadable_record_counts_as_unfinished(tmp_path):
-    ws = Workspace(tmp_path)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / STAGE_FILE).write_text("{not json")
-    assert ws.record("a") is None and ws.finished("a", "x") is None
 
 
 def test_dumps_is_strict_json():
@@ -69,9 +20,9 @@ def test_dumps_is_strict_json():
 
 
 @pytest.mark.parametrize("change", [
-    {"scenarios": ("nope",)}, {"runs": 0}, {"seed": -1}, {"holdout": 1.0},
-    {"policies": ("static", "bogus")}, {"live_policies": ("oracle",)},
-    {"steps": 20}, {"lags": 500}, {"live_model": "x"}, {"runs": 1, "scenarios": ("throttle",)},
+    {"scenarios": ("nope",)}, {"runs": 0}, {"seed": -1}, {"policies": ("static", "bogus")},
+    {"live_policies": ("oracle",)}, {"steps": 20}, {"lags": 500},
+    {"runs": 1, "scenarios": ("throttle",)}, {"live_steps": 0},
 ])
 def test_bad_config_is_refused_with_one_line(change):
     with pytest.raises(BubblecastError) as info:
@@ -79,61 +30,48 @@ def test_bad_config_is_refused_with_one_line(change):
     assert "\n" not in str(info.value)
 
 
-def test_fingerprints_follow_fields_and_upstream():
-    a = preset("tiny")
-    fp = a.fingerprint("dataset", {"simulate": "x"})
-    assert fp == preset("tiny").fingerprint("dataset", {"simulate": "x"})
-    assert fp != a.fingerprint("dataset", {"simulate": "y"})
-    assert fp != a.with_(lags=4).fingerprint("dataset", {"simulate": "x"})
-    # a field the stage does not read leaves it alone
-    assert fp == a.with_(seq_epochs=3).fingerprint("dataset", {"simulate": "x"})
+def test_presets_are_valid_and_overridable():
+    assert preset("default") == DemoConfig()
+    quick = preset("quick", seed=5, live=False)
+    assert (quick.seed, quick.live, quick.runs) == (5, False, 3)
+    assert preset("tiny").to_json()["scenarios"] == ["throttle", "failslow", "periodic"]
+    with pytest.raises(BubblecastError, match="unknown demo preset"):
+        preset("huge")
+
+
+def test_slowed_window_and_ideal_speedup_follow_the_injection():
+    quick = preset("quick")  # rank 1 twice as slow from step 60 (30 + ramp 30) to 140
+    assert slowed_steps(quick) == (60, 140)
+    # 12 layers, static 6|6 paces at 2 x 6 = 12; the best split 8|4 at max(8, 2 x 4) = 8
+    assert ideal_speedup(quick) == pytest.approx(1.5)
+    assert slowed_steps(replace(quick, live_inject="rank=0,factor=1.5,start=5")) == (5, 150)
 
 
 def test_an_output_folder_holding_something_else_is_refused(tmp_path):
-    markers = ("demo.json", "simulate/stage.json")
-    Workspace(tmp_path / "new").check(markers)  # absent: fine
-    (tmp_path / "empty").mkdir()
-    Workspace(tmp_path / "empty").check(markers)
+    _prepare(tmp_path / "new")  # absent: created
+    assert (tmp_path / "new").is_dir()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(BubblecastError, match="not empty"):
-        Workspace(tmp_path / "mine").check(markers)
+        _prepare(tmp_path / "mine")
     (tmp_path / "file").write_text("x")
     with pytest.raises(BubblecastError, match="not a folder"):
-        Workspace(tmp_path / "file").check(markers)
-    (tmp_path / "killed").mkdir()
-    (tmp_path / "killed" / ".tmp-simulate-77").mkdir()
-    Workspace(tmp_path / "killed").check(markers)  # a first run killed in its first stage
-    (tmp_path / "mine" / "simulate").mkdir()
-    (tmp_path / "mine" / "simulate" / STAGE_FILE).write_text("{}")
-    Workspace(tmp_path / "mine").check(markers)  # an earlier (even interrupted) demo: fine
+        _prepare(tmp_path / "file")
+    (tmp_path / "old").mkdir()  # an earlier demo: its files go, the user's stay
+    for name in ("report.md", "demo.json", "notes.txt"):
+        (tmp_path / "old" / name).write_text("x")
+    (tmp_path / "old" / "simulate").mkdir()
+    _prepare(tmp_path / "old")
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["notes.txt"]
 
 
-def test_progress_displays_report_each_stage(tmp_path):
-    import io
-
-    from rich.console import Console
-    from rich.progress import Progress as Bars
-
-    from bubblecast.demo.progress import RichProgress, progress_display
-
-    stream = io.StringIO()
-    with progress_display("lines", stream) as p:
-        p.stage(1, 2, "Simulate")
-        p.note("train runs")
-        p.advance(3, 10)
-        p.finish("Simulate", 1.25, False)
-        p.stage(2, 2, "Train")
-        p.finish("Train", 0.0, True, "kept")
-    lines = stream.getvalue().splitlines()
-    assert lines[0].startswith("[1/2] Simulate") and lines[0].endswith("1.2 s")
-    assert lines[1].startswith("[2/2] Train") and "reused" in lines[1] and "(kept)" in lines[1]
-
-    console = Console(file=io.StringIO(), force_terminal=True, width=100)
-    with Bars(console=console) as bars:
-        rich = RichProgress(bars, console)
-        rich.stage(1, 1, "Simulate")
-        rich.note("runs")
-        rich.advance(5, 10)
-        rich.finish("Simulate", 2.0, False)
-    assert "Simulate" in console.file.getvalue()
+def test_report_marks_skipped_stages_and_lists_figures():
+    stages = {name: {"skipped": f"no {name}"} for name in (
+        "simulate", "dataset", "train", "forecast_eval", "policy_eval", "megatron", "live")}
+    stages["megatron"] = {"skipped": "no trace", "figures": {"megatron/inspect.png": "f()"}}
+    doc = {"config": {"seed": 1}, "seconds": 2.0, "stage_seconds": dict.fromkeys(stages, 0.5),
+           "stages": stages, "mlflow_ui": None, "serve": "bubblecast serve --model m"}
+    text = render(doc, "bubblecast demo --quick")
+    assert "## 6. Real Megatron-LM trace\n\nSkipped: no trace." in text
+    assert "| `megatron/inspect.png` | f() |" in text
+    assert "`bubblecast demo --quick` (seed 1)" in text and "MLflow UI" not in text
