@@ -145,6 +145,10 @@ def test_forecast_follows_estimator_rules():
         forecast.predict(None)
     with pytest.raises(BubblecastError, match="unknown model 'nope'"):
         BubbleForecast(models=["nope"]).fit([])
+    with pytest.raises(BubblecastError, match="lgbm has no parameter 'trees'"):
+        BubbleForecast(models=[("lgbm", {"trees": 3})]).fit([])
+    chosen = BubbleForecast(models=[("lgbm", {"n_estimators": 7})], seed=3)._unfitted()[0]
+    assert (chosen.n_estimators, chosen.seed) == (7, 3)
 
 
 def test_forecast_predict_matches_the_features_frame_at_the_same_origin(fleet):

@@ -84,7 +84,8 @@ class BubbleForecast:
     """Forecast each stage's delay signal ``horizons`` steps ahead with ``models``.
 
     ``models``: kinds (``lgbm``, ``seq``, ``last``, ``ewma``, ``rolling_median``,
-    ``seasonal_naive``) or unfitted forecaster instances (cloned at fit). ``horizons``,
+    ``seasonal_naive``), ``(kind, params)`` pairs such as ``("lgbm", {"n_estimators": 80})``,
+    or unfitted forecaster instances (cloned at fit). ``horizons``,
     ``windows`` and ``lags`` configure the dataset as ``bubblecast dataset`` does; ``seed``
     seeds every model given by kind and the evaluation's cross-fitting; ``format`` is the input
     format of paths given as runs.
@@ -141,7 +142,7 @@ class BubbleForecast:
 
     def _unfitted(self) -> list[Forecaster]:
         from bubblecast.forecast.base import Forecaster
-        from bubblecast.forecast.modeldir import make_model
+        from bubblecast.forecast.modeldir import make_model, model_class
 
         if isinstance(self.models, (str, Forecaster)):
             raise BubblecastError("models: give a list, e.g. models=['lgbm']")
@@ -149,10 +150,17 @@ class BubbleForecast:
         for spec in self.models:
             if isinstance(spec, str):
                 out.append(make_model(spec, seed=self.seed))
+            elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
+                kind, params = spec
+                unknown = sorted(set(params) - set(model_class(kind)._param_names()))
+                if unknown:
+                    raise BubblecastError(f"models: {kind} has no parameter '{unknown[0]}'")
+                out.append(make_model(kind, **{"seed": self.seed, **params}))
             elif isinstance(spec, Forecaster):
                 out.append(type(spec)(**spec.get_params()))  # a clone: the input stays unfitted
             else:
-                raise BubblecastError(f"models: expected a kind or a forecaster, got {spec!r}")
+                raise BubblecastError(f"models: expected a kind, a (kind, params) pair or a "
+                                      f"forecaster, got {spec!r}")
         if not out:
             raise BubblecastError("models: give at least one model")
         return out
