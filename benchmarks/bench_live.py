@@ -71,8 +71,8 @@ def worker(job_dir: Path) -> None:
 
     from bubblecast.policy.actions import Repartition
     from bubblecast.runtime.config import TrainConfig
-    from bubblecast.runtime.control_config import ControllerConfig
-    from bubblecast.runtime.controller import Controller
+    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.loop import Controller
     from bubblecast.runtime.trainer import Trainer, init_distributed
 
     job = json.loads((job_dir / "bench.json").read_text())
@@ -114,7 +114,7 @@ def worker(job_dir: Path) -> None:
 
 
 def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
-    from bubblecast.runtime.control_config import ControllerConfig
+    from bubblecast.runtime.control.config import ControllerConfig
     from bubblecast.runtime.launch import failure_message, launch
 
     runs = {}
@@ -139,8 +139,8 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str
 
 # -- sequential: one `bubblecast run` launch per policy ----------------------------------------
 def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
-    from bubblecast.runtime.control_config import ControllerConfig
-    from bubblecast.runtime.control_job import launch_controlled
+    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.job import launch_controlled
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:

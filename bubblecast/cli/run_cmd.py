@@ -20,6 +20,10 @@ from bubblecast.cli.collect_cmd import parse_actions, train_config, with_train_o
 from bubblecast.cli.common import emit_json
 from bubblecast.errors import BubblecastError
 
+#: What ``--service`` is asked through, injected into the runtime by import path (runtime never
+#: imports serve): the workers import it.
+SERVICE_DECIDER = "bubblecast.serve.decider:ServiceDecider"
+
 
 def default_actions_path(out: Path) -> Path:
     """``run.parquet`` -> ``run.actions.json`` beside it."""
@@ -55,8 +59,8 @@ def run(
     **options: Any,
 ) -> None:
     """Train a pipeline here with a policy repartitioning it live; write events and actions."""
-    from bubblecast.runtime.control_config import ControllerConfig, check_controllable
-    from bubblecast.runtime.control_job import launch_controlled, write_actions
+    from bubblecast.runtime.control.config import ControllerConfig, check_controllable
+    from bubblecast.runtime.control.job import launch_controlled, write_actions
 
     config = train_config(out, arch, options)
     scripted = parse_actions(options["action"])
@@ -73,10 +77,11 @@ def run(
         raise BubblecastError("--actions: must differ from --out")
     forecaster = None
     if model_uri is not None:
-        from bubblecast.runtime.control_forecast import check_model_source
+        from bubblecast.runtime.control.forecasters import check_model_source
 
         forecaster = check_model_source(model_uri)
-    summary = _launch_with_progress(config, control, out, scripted, launch_controlled)
+    decider = SERVICE_DECIDER if service is not None else None
+    summary = _launch_with_progress(config, control, out, scripted, launch_controlled, decider)
     write_actions(actions_path, summary, control, config.run_id)
     losses = list(summary["losses"].values())
     result = {
@@ -107,7 +112,7 @@ def run(
 
 
 def _launch_with_progress(config: object, control: object, out: Path, scripted: list,
-                          launch_controlled: object) -> dict:
+                          launch_controlled: object, decider: str | None) -> dict:
     """Run the job; rank 0's progress as a rich bar on stderr when it is a terminal."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -122,4 +127,4 @@ def _launch_with_progress(config: object, control: object, out: Path, scripted: 
             bar.update(task, completed=step, loss="" if loss is None else f"loss {loss:.4g}")
 
         return launch_controlled(config, control, out, scripted=scripted,  # type: ignore
-                                 on_progress=update)
+                                 on_progress=update, decider=decider)

@@ -39,10 +39,14 @@ def write_job(job_dir: str | Path, config: TrainConfig, *, out: str | None = Non
     return path
 
 
+WORKER = "bubblecast.runtime.worker"
+
+
 def torchrun_command(job_dir: str | Path, nproc: int, script: str | None = None,
-                     extra: list[str] | None = None) -> list[str]:
-    """The torchrun command line for ``job_dir`` (or for a ``script`` path with ``extra``)."""
-    target = [script] if script else ["-m", "bubblecast.runtime.worker"]
+                     extra: list[str] | None = None, module: str = WORKER) -> list[str]:
+    """The torchrun command line running ``python -m module JOB_DIR`` on each rank (or a
+    ``script`` path with ``extra`` arguments: benchmarks)."""
+    target = [script] if script else ["-m", module]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(nproc), *target, str(job_dir), *(extra or [])]
 
@@ -56,12 +60,12 @@ def worker_env() -> dict[str, str]:
 
 
 def launch(job_dir: str | Path, nproc: int, *, script: str | None = None,
-           extra: list[str] | None = None, timeout: float | None = None,
+           module: str = WORKER, extra: list[str] | None = None, timeout: float | None = None,
            on_progress: Callable[[int, int, float | None], None] | None = None) -> int:
     """Run the job; return torchrun's exit code (124 after ``timeout`` seconds, when torchrun
     and its workers are stopped). Output goes to ``job_dir/torchrun.log``."""
     root = Path(job_dir)
-    cmd = torchrun_command(root, nproc, script, extra)
+    cmd = torchrun_command(root, nproc, script, extra, module)
     env = worker_env()
     if timeout is not None:  # collectives give up too, rather than wait for a dead peer
         env.setdefault("BUBBLECAST_DIST_TIMEOUT_S", str(max(10.0, timeout / 2)))

@@ -4,7 +4,7 @@ Runs the job in ``JOB_DIR/job.json`` (see :func:`bubblecast.runtime.launch.write
 rank: scripted actions before their steps, checkpoints, telemetry merged into ``out`` by
 rank 0, ``summary.json`` from rank 0. A failing rank writes ``error-rank{r}.txt`` (a one-line
 reason, then the traceback) and exits 1. A :class:`StepHook` (the closed-loop controller of
-:mod:`.control_worker`) can run around every step and add to the summary.
+:mod:`bubblecast.runtime.control.worker`) can run around every step and add to the summary.
 """
 
 from __future__ import annotations

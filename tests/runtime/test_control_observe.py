@@ -11,9 +11,9 @@ from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.pipeline import Pipeline
 from bubblecast.policy.policies import PolicyState, PredictivePolicy, ReactivePolicy
-from bubblecast.runtime.control_config import ControllerConfig, make_policy
-from bubblecast.runtime.control_forecast import load_forecaster
-from bubblecast.runtime.control_observe import (
+from bubblecast.runtime.control.config import ControllerConfig, make_policy
+from bubblecast.runtime.control.forecasters import load_forecaster
+from bubblecast.runtime.control.observe import (
     RawHistoryForecaster,
     live_forecaster,
     predictive_params,
@@ -100,7 +100,7 @@ def _closed_loop(policy: object, raw: np.ndarray, every: int = 10
         state = PolicyState(t=s - 1, history=robust_speeds(seen, 5), partition=part,
                             costs=costs, pipeline=Pipeline("1f1b", 2, 4, 1, 0.0),
                             migration=mig, last_action=last)
-        action = policy.decide(state)  # type: ignore[attr-defined]
+        action = policy.decide(state).action  # type: ignore[attr-defined]
         if isinstance(action, Repartition) and tuple(action.partition) != part:
             part, last = tuple(action.partition), s - 1
             moves.append((s, part))

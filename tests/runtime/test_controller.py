@@ -17,9 +17,9 @@ import pytest
 
 from bubblecast.cli import main
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.control_config import ControllerConfig
-from bubblecast.runtime.control_forecast import DeadlineRunner, ForecastUnavailable
-from bubblecast.runtime.control_telemetry import History, held_cost, pack, unpack
+from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.forecasters import DeadlineRunner, ForecastUnavailable
+from bubblecast.runtime.control.observe import History, held_cost, pack, unpack
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-6
@@ -123,7 +123,7 @@ BASE = ["run", "--arch", "mlp", "--layers", "8", "--stages", "2", "--microbatche
 def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import bubblecast.runtime.control_job as job
+    import bubblecast.runtime.control.job as job
 
     def no_launch(*a: object, **k: object) -> None:
         raise AssertionError("launched despite a bad request")
@@ -185,7 +185,7 @@ def test_reactive_moves_layers_on_both_ranks_at_one_boundary(
 def test_a_failing_or_hanging_forecaster_keeps_the_plan(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bubblecast.runtime.config import ModelSpec, TrainConfig
-    from bubblecast.runtime.control_job import launch_controlled
+    from bubblecast.runtime.control.job import launch_controlled
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers import the flaky forecaster
     steps = 30

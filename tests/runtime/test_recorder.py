@@ -48,7 +48,7 @@ def test_step_hook_sees_only_the_ending_steps_compute_ops() -> None:
 
 
 def test_step_hook_needs_a_recording_recorder() -> None:
-    from bubblecast.runtime.control_telemetry import StepProbe
+    from bubblecast.runtime.control.observe import StepProbe
 
     rec, _ = _recorder(record=False)
     with pytest.raises(ValueError, match="record=True"):

@@ -26,7 +26,7 @@ class ControllerConfig:
     call. ``history``: steps kept on rank 0. ``layer_costs``: ``measured`` (median of each
     layer's first ``cost_samples`` forward samples) or ``uniform``. ``policy_params``: keyword
     arguments of the policy (the predictive one starts from the live hysteresis defaults of
-    :mod:`.control_observe`). ``smooth``: steps of the causal running median the policies'
+    :mod:`.observe`). ``smooth``: steps of the causal running median the policies'
     speed history goes through (1: raw steps). ``bandwidth_Bps``, ``pause_s``,
     ``optimizer_factor``: the migration-cost constants until the run has measured its own
     migrations (defaults: CPU, gloo, Adam; ``benchmarks/results/migration.json``).
@@ -94,7 +94,7 @@ class ControllerConfig:
 def make_policy(config: ControllerConfig, forecaster: Any = None) -> Any:
     """The policy object ``config`` names (the predictive one with ``forecaster``)."""
     from bubblecast.policy.policies import PredictivePolicy, ReactivePolicy, StaticPolicy
-    from bubblecast.runtime.control_observe import predictive_params
+    from bubblecast.runtime.control.observe import predictive_params
 
     params = dict(config.policy_params)
     if config.policy == "static":

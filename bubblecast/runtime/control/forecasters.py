@@ -1,15 +1,15 @@
-"""What the controller asks for a decision, each way failing into "keep the current plan".
+"""The predictive policy's forecaster in the live loop, each way failing into "keep the plan".
 
-- :func:`load_forecaster`: the predictive policy's forecaster: a trained model served in
-  process (:class:`bubblecast.serve.Predictor`, a model directory or ``models:/`` URI), a
+- :func:`load_forecaster`: a trained model served in process
+  (:func:`bubblecast.forecast.served.load_served`: a model directory or ``models:/`` URI), a
   ``module:factory`` import path, or the policy module's built-in trend forecaster.
-- :class:`ServiceDecider`: asks a running prediction service for the action
-  (``/v1/recommend`` through the fail-open :class:`bubblecast.serve.Client`).
 - :class:`DeadlineRunner`: runs a decision in a daemon thread and gives up after a deadline,
   so a slow forecaster never holds the training loop longer than that.
+- :func:`import_object`: dependency injection by import path (forecasters, external deciders).
 
-A failure raises :class:`ForecastUnavailable` (or anything else); the controller turns it into
-a ``NoOp`` whose reason says what happened. serve and the model loaders are imported lazily.
+A failure raises :class:`ForecastUnavailable` (or anything else); the decider turns it into a
+decision to keep the current plan whose reason says what happened. The model loaders are
+imported lazily.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CachingForecaster:
 class ModelSpeedForecaster:
     """A served model (``predict_window``) as the policy's speed forecaster.
 
-    The controller sets :attr:`window` (a :class:`bubblecast.serve.model.Window` of compute
+    The decider sets :attr:`window` (a :class:`bubblecast.dataset.window.Window` of compute
     seconds and layer cost held per step) before each decision; the conversion from the
     model's delay signal to the policy's speed is the service's own
     (:class:`bubblecast.serve.recommend.WindowSpeeds`).
@@ -71,15 +71,16 @@ class ModelSpeedForecaster:
         return WindowSpeeds(self.model, w).forecast(state, horizons)
 
 
-def import_object(path: str) -> Any:
-    """``package.module:attribute``; one-line error when it cannot be imported."""
+def import_object(path: str, what: str = "forecaster") -> Any:
+    """``package.module:attribute``; one-line error naming ``what`` when it cannot be
+    imported (dependency injection by import path: forecasters, external deciders)."""
     module, _, attr = path.partition(":")
     if not module or not attr:
-        raise BubblecastError(f"forecaster: expected module:attribute, got '{path}'")
+        raise BubblecastError(f"{what}: expected module:attribute, got '{path}'")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise BubblecastError(f"forecaster: cannot import '{path}' ({exc})") from None
+        raise BubblecastError(f"{what}: cannot import '{path}' ({exc})") from None
 
 
 def load_forecaster(model: str | None = None, factory: str | None = None) -> tuple[Any, str]:
@@ -88,14 +89,13 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
         obj = import_object(factory)()
         return obj, f"custom forecaster {factory}"
     if model is not None:
-        from bubblecast.serve.predictor import Predictor
+        from bubblecast.forecast.served import check_model, load_served
 
-        predictor = Predictor.from_source(model)
-        info = predictor.info
-        fc = ModelSpeedForecaster(predictor.loaded.model, name=info.name)
+        served, info = load_served(model)
+        fc = ModelSpeedForecaster(check_model(served), name=info.name)
         return fc, f"model '{info.name}' version {info.version} from {model} (in process)"
     from bubblecast.policy.evaluate import BUILTIN_FORECASTER
-    from bubblecast.runtime.control_observe import live_forecaster
+    from bubblecast.runtime.control.observe import live_forecaster
 
     return live_forecaster(), (f"{BUILTIN_FORECASTER}, on the raw per-step speeds relative to "
                                "the ranks' common level")
@@ -144,68 +144,3 @@ class DeadlineRunner:
         if "error" in box:
             raise box["error"]
         return box["value"]
-
-
-class ServiceDecider:
-    """Asks a prediction service for the predictive policy's action (fail-open).
-
-    ``params`` are the predictive policy's knobs (horizon, risk, margin, min_gain, hold,
-    min_history); ``timeout_s`` bounds each call, retries included.
-    """
-
-    def __init__(self, url: str, timeout_s: float, params: dict[str, Any]) -> None:
-        from bubblecast.serve.client import Client
-
-        self.url = url
-        self.client = Client(url, timeout=timeout_s, retries=1)
-        self.params = params
-        self.horizons: list[int] | None = None
-        self.name = f"service {url}"
-
-    def _model_horizons(self) -> list[int]:
-        """The served model's horizons (``/v1/model``), asked once; [1] when unknown."""
-        if self.horizons is None:
-            breaker = self.client.breaker
-            if not breaker.allow():
-                raise ForecastUnavailable(f"service {self.url}: circuit open after failures")
-            try:
-                resp = self.client._http.get("/v1/model", timeout=self.client.timeout)
-                hz = resp.json().get("horizons") if resp.status_code == 200 else None
-            except Exception as exc:  # noqa: BLE001 - fail open
-                breaker.record_failure()
-                raise ForecastUnavailable(f"service {self.url} unavailable "
-                                          f"({type(exc).__name__})") from None
-            breaker.record_success()
-            self.horizons = [int(h) for h in hz] if hz else [1]
-        return self.horizons
-
-    def request(self, *, stages: int, schedule: str, microbatches: int, chunks: int,
-                compute: np.ndarray, held: np.ndarray, partition: tuple[int, ...],
-                costs: np.ndarray, param_bytes: np.ndarray, migration: dict[str, Any],
-                steps_since_action: int | None) -> dict[str, Any]:
-        """The ``/v1/recommend`` body (at most the last 1024 steps)."""
-        compute, held = compute[-1024:], held[-1024:]
-        ranks = [{"rank": r, "stage": r, "compute_s": compute[:, r].tolist(),
-                  "work": np.maximum(held[:, r], 1e-12).tolist()} for r in range(stages)]
-        return {"pipeline": {"schedule": schedule, "stages": stages,
-                             "microbatches": microbatches, "chunks": chunks},
-                "horizons": self._model_horizons(), "ranks": ranks,
-                "partition": list(partition), "layer_costs": costs.tolist(),
-                "migration": {"param_bytes": param_bytes.tolist(), **migration},
-                "policy": self.params, "steps_since_action": steps_since_action}
-
-    def decide(self, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """(action, facts) from the service; ForecastUnavailable when it gives none."""
-        from bubblecast.policy.actions import action_from_json
-
-        resp = self.client.recommend(body)
-        if resp is None:
-            why = self.client.last_error or "no answer"
-            raise ForecastUnavailable(f"service {self.url}: {why}")
-        facts = {"reason": resp.reason, "predicted_step_s": resp.step_time_s,
-                 "predicted_step_with_action_s": resp.step_time_with_action_s,
-                 "predicted_migration_s": resp.migration_s}
-        return action_from_json(resp.action), facts
-
-    def close(self) -> None:
-        self.client.close()

@@ -1,7 +1,8 @@
 """Launching a controlled run here (``bubblecast run``, the live benchmark) and summarising it.
 
-:func:`launch_controlled` writes the job (train config, controller config, scripted actions)
-into a temporary directory beside ``out``, runs :mod:`.control_worker` under torchrun, and
+:func:`launch_controlled` writes the job (train config, controller config, scripted actions,
+the external decider's import path) into a temporary directory beside ``out``, runs
+``python -m bubblecast.runtime.control.worker`` under torchrun, and
 returns rank 0's summary plus derived figures; :func:`write_actions` writes the decisions and
 applied actions as one JSON document, atomically. No torch import here.
 """
@@ -15,21 +16,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bubblecast.errors import BubblecastError
 from bubblecast.runtime.config import TrainConfig
-from bubblecast.runtime.control_config import ControllerConfig
+from bubblecast.runtime.control.config import ControllerConfig
 
-WORKER = str(Path(__file__).resolve().with_name("control_worker.py"))
+WORKER = "bubblecast.runtime.control.worker"
 Progress = Callable[[int, int, float | None], None]
 
 
 def launch_controlled(config: TrainConfig, control: ControllerConfig, out: str | Path, *,
                       scripted: list[dict[str, Any]] | None = None,
                       on_progress: Progress | None = None, timeout: float | None = None,
-                      ab_block: int = 0) -> dict[str, Any]:
+                      ab_block: int = 0, decider: str | None = None) -> dict[str, Any]:
     """Run the job; rank 0's summary with :func:`derived` figures. RuntimeError (one line)
-    when training fails."""
+    when training fails.
+
+    ``decider``: import path (``module:factory``) of the external decider that
+    ``control.service`` is asked through (see :class:`.decide.ExternalDecider`); the worker
+    imports it, so that runtime itself never imports the package that provides it.
+    """
     from bubblecast.runtime.launch import failure_message, launch, write_job
 
+    if control.service is not None and decider is None:
+        raise BubblecastError("--service: needs an external decider (module:factory)")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     job_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.run-", dir=out.parent))
@@ -37,9 +46,9 @@ def launch_controlled(config: TrainConfig, control: ControllerConfig, out: str |
         path = write_job(job_dir, config, out=str(out.resolve()), actions=scripted,
                          progress=True)
         job = json.loads(path.read_text())
-        job.update(control=control.to_json(), ab_block=int(ab_block))
+        job.update(control=control.to_json(), ab_block=int(ab_block), decider=decider)
         path.write_text(json.dumps(job, indent=1))
-        code = launch(job_dir, config.stages, script=WORKER, on_progress=on_progress,
+        code = launch(job_dir, config.stages, module=WORKER, on_progress=on_progress,
                       timeout=timeout)
         if code != 0:
             raise RuntimeError(f"training failed ({failure_message(job_dir)})")

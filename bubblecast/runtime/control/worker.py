@@ -1,33 +1,32 @@
-"""Worker of a controlled run: ``python -m torch.distributed.run ... control_worker.py JOB_DIR``.
+"""Worker of a controlled run: ``torchrun ... -m bubblecast.runtime.control.worker JOB_DIR``.
 
 :mod:`bubblecast.runtime.worker` (scripted actions, telemetry merged into ``out`` by rank 0,
 ``summary.json``, ``error-rank{r}.txt`` on failure) with a :class:`Controller` after every
-step, as its step hook. ``job.json`` carries ``control`` (a :class:`ControllerConfig`) and
-optionally ``ab_block``: control on for blocks of that many steps, off for the next (overhead
-measurement in one run). Rank 0's summary adds the decisions, each step's end time and every
-rank's control seconds.
+step, as its step hook. ``job.json`` carries ``control`` (a :class:`ControllerConfig`),
+optionally ``ab_block`` (control on for blocks of that many steps, off for the next: overhead
+measurement in one run) and ``decider`` (the ``module:factory`` import path of the external
+decider ``--service`` is asked through, imported here). Rank 0's summary adds the decisions,
+each step's end time and every rank's control seconds.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__":  # run as a script: keep runtime/ off the path (module names clash)
-    _here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
 
 
 class ControlHook:
     """The worker's step hook: the controller after each step, A/B blocks, step end times."""
 
     def __init__(self, trainer: Any, job: dict[str, Any]) -> None:
-        from bubblecast.runtime.control_config import ControllerConfig
-        from bubblecast.runtime.controller import Controller
+        from bubblecast.runtime.control.config import ControllerConfig
+        from bubblecast.runtime.control.forecasters import import_object
+        from bubblecast.runtime.control.loop import Controller
 
-        self.controller = Controller(trainer, ControllerConfig.from_json(job["control"]))
+        decider = import_object(job["decider"], "decider") if job.get("decider") else None
+        self.controller = Controller(trainer, ControllerConfig.from_json(job["control"]),
+                                     decider=decider)
         self.block = int(job.get("ab_block") or 0)
         self.start = trainer.step
         self.ends: list[float] = []
@@ -53,7 +52,8 @@ class ControlHook:
 def main(argv: list[str] | None = None) -> int:
     from bubblecast.runtime.worker import main as worker_main
 
-    return worker_main(argv, make_hook=ControlHook, usage="control_worker.py JOB_DIR")
+    return worker_main(argv, make_hook=ControlHook,
+                       usage="python -m bubblecast.runtime.control.worker JOB_DIR")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,16 @@
+"""The closed-loop controller: observe -> decide -> broadcast -> apply at step boundaries.
+
+- :mod:`.config`: :class:`ControllerConfig` (validated up front, no torch);
+- :mod:`.observe`: per-step compute from the recorder's step hook, the rank-0 history and the
+  robust speeds the policies read;
+- :mod:`.forecasters`: the predictive policy's forecaster, deadline-bounded;
+- :mod:`.decide`: rank 0's :class:`~.decide.Decider` (the policy's ``Decision``, recorded as
+  it is; an external decider such as a prediction service is injected by import path);
+- :mod:`.loop`: the collective :class:`~.loop.Controller` (torch; inside workers only);
+- :mod:`.job` / :mod:`.worker`: launching a controlled run
+  (``torchrun -m bubblecast.runtime.control.worker JOB_DIR``) and summarising it.
+"""
+
+from bubblecast.runtime.control.config import ControllerConfig
+
+__all__ = ["ControllerConfig"]

@@ -1,0 +1,217 @@
+"""Rank 0's side of the loop: keep the run's history and turn it into one recorded decision.
+
+:class:`Decider` adds each boundary's gathered telemetry to its :class:`History`, builds the
+policy's :class:`PolicyState` (robust speeds, measured layer costs, the plan, the migration
+cost) and asks, depending on the configuration:
+
+- the policy itself, with its forecaster: the built-in trend forecaster in process, or a
+  trained model / custom forecaster under a deadline (:class:`DeadlineRunner`);
+- or an *external decider* (``bubblecast run --service``: a prediction service), injected by
+  import path so that runtime never imports serve (:class:`ExternalDecider`).
+
+Either way the answer is the policy's :class:`~bubblecast.policy.decision.Decision`, recorded
+as it is. A forecaster that is slow, down or raises yields a decision to keep the plan saying
+why: training goes on under the current plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from bubblecast.policy.actions import Repartition, action_to_json
+from bubblecast.policy.cost import MigrationConstants, MigrationCost
+from bubblecast.policy.decision import Decision
+from bubblecast.runtime.control.config import ControllerConfig, make_policy
+from bubblecast.runtime.control.forecasters import (
+    CachingForecaster,
+    DeadlineRunner,
+    ForecastUnavailable,
+    ModelSpeedForecaster,
+    load_forecaster,
+)
+from bubblecast.runtime.control.observe import (
+    History,
+    RawHistoryForecaster,
+    robust_speeds,
+    since_last_move,
+    unpack,
+    window_speed,
+)
+
+#: Predictive-policy knobs an external decider is sent.
+SERVICE_PARAMS = ("horizon", "risk", "margin", "min_gain", "hold", "min_history")
+Pending = list[tuple[int, tuple[int, ...], int]]  # (step, partition, micro-batches) per step
+
+
+class ExternalDecider(Protocol):
+    """Decides in the policy's place (e.g. ``bubblecast.serve.decider:ServiceDecider``).
+
+    Built as ``factory(url, timeout_s, params)`` with the predictive policy's knobs; asked with
+    the policy's state plus the raw ``(T, P)`` compute seconds and layer cost held per step.
+    It fails open: no answer is a decision to keep the plan.
+    """
+
+    name: str
+
+    def decide(self, state: Any, compute: np.ndarray, held: np.ndarray) -> Decision: ...
+
+    def close(self) -> None: ...
+
+
+DeciderFactory = Callable[[str, float, dict[str, Any]], ExternalDecider]
+
+
+class Decider:
+    """Rank 0's decisions for one controlled trainer; see the module docstring.
+
+    ``plan`` is the trainer's current plan (read at each decision), ``param_bytes`` each
+    layer's parameter bytes; ``external`` builds the decider ``config.service`` asks.
+    """
+
+    def __init__(self, config: ControllerConfig, plan: Any, param_bytes: np.ndarray,
+                 external: DeciderFactory | None = None) -> None:
+        c = self.config = config
+        self.history = History(plan.stages, plan.layers, limit=c.history,
+                               cost_samples=c.cost_samples,
+                               measured_costs=c.layer_costs == "measured",
+                               split_backward=plan.info.split_backward)
+        self.param_bytes = param_bytes
+        self.constants: MigrationConstants = c.constants
+        self.runner = DeadlineRunner(c.timeout_s)
+        self.external: ExternalDecider | None = None
+        self.forecaster: CachingForecaster | None = None
+        self.broken: str | None = None
+        self.note: str | None = None
+        self._raw: np.ndarray | None = None
+        if c.policy == "predictive" and c.service is not None:
+            self.policy = make_policy(c)  # the service runs it: send its knobs
+            if external is None:
+                self.broken = "no external decider given for --service"
+            else:
+                params = {k: getattr(self.policy, k) for k in SERVICE_PARAMS}
+                self.external = external(c.service, c.timeout_s, params)
+            self.note = f"service {c.service} (/v1/recommend)"
+        elif c.policy == "predictive":
+            try:
+                inner, self.note = load_forecaster(c.model, c.forecaster)
+            except Exception as exc:  # noqa: BLE001 - fail open: decisions keep the plan
+                self.broken = f"forecaster unavailable ({type(exc).__name__}: {exc})"
+                inner, self.note = None, self.broken
+            self.forecaster = CachingForecaster(inner) if inner is not None else None
+            self.policy = make_policy(c, self.forecaster)
+        else:
+            self.policy = make_policy(c)
+
+    def observe(self, rows: np.ndarray, pending: Pending) -> None:
+        """Add the gathered ``(P, 1 + every + 2L)`` rows of one boundary to the history."""
+        compute, fwd, tot = unpack(rows, self.config.every, len(self.param_bytes))
+        n = compute.shape[0]
+        pend = pending[-n:] if n else []
+        self.history.add([s for s, _, _ in pend], compute, [p for _, p, _ in pend],
+                         [m for _, _, m in pend])
+        self.history.add_samples(fwd, tot)
+
+    def decide(self, plan: Any, step: int, last_move: int | None
+               ) -> tuple[Decision, dict[str, Any]]:
+        """The decision after ``step`` (applied before ``step + 2``) and its record: the step
+        it applies before, the action, the policy's predicted numbers, the latency."""
+        current = tuple(plan.partition)
+        t0 = time.perf_counter()
+        facts: dict[str, Any] = {}
+        try:
+            decision, facts = self._ask(plan, current, last_move)
+        except ForecastUnavailable as exc:
+            decision = Decision.keep(f"{exc}; keeping the current plan")
+        except Exception as exc:  # noqa: BLE001 - never stop training over a decision
+            decision = Decision.keep(f"decision failed ({type(exc).__name__}: {exc}); keeping "
+                                     "the current plan")
+        latency = time.perf_counter() - t0
+        action = decision.action
+        if isinstance(action, Repartition) and tuple(action.partition) == current:
+            decision = Decision.keep("the policy keeps the current partition")
+        reason = decision.reason
+        if decision.acts and not reason:
+            target = list(action.partition) if isinstance(action, Repartition) \
+                else action_to_json(action)
+            reason = f"{self.config.policy}: {list(current)} -> {target}"
+        h = self.history
+        return decision, {"step": step + 2, "decided_after_step": step,
+                          "observed_through": int(h.steps[-1]) if len(h) else None,
+                          "action": action_to_json(decision.action), "reason": reason,
+                          "predicted_step_s": decision.predicted_step_s,
+                          "predicted_step_with_action_s": decision.predicted_step_with_action_s,
+                          "predicted_saving_s": decision.predicted_saving_s,
+                          "predicted_migration_s": decision.migration_s,
+                          "latency_s": latency, **facts}
+
+    def measured(self, actions: list[dict[str, Any]]) -> None:
+        """Migration constants from the run's own migrations, once it has some."""
+        from bubblecast.policy.cost import run_constants
+
+        self.constants = run_constants({"actions": actions}, self.config.constants) \
+            or self.constants
+
+    def state(self, plan: Any, current: tuple[int, ...], last_move: int | None) -> Any:
+        """The policy's state now: robust speeds, costs, the plan, the migration cost."""
+        from bubblecast.policy.pipeline import Pipeline
+        from bubblecast.policy.state import PolicyState
+
+        h = self.history
+        costs = h.costs()
+        self._raw = h.speeds(costs)
+        t = len(h) - 1
+        last = None if last_move is None else t - (int(h.steps[-1]) - (last_move - 1))
+        pipe = Pipeline(plan.schedule, plan.stages, plan.microbatches, plan.chunks, 0.0)
+        return PolicyState(t=t, history=robust_speeds(self._raw, self.config.smooth),
+                           partition=current, costs=costs, pipeline=pipe,
+                           migration=MigrationCost(self.param_bytes, self.constants),
+                           last_action=last)
+
+    def _ask(self, plan: Any, current: tuple[int, ...], last_move: int | None
+             ) -> tuple[Decision, dict[str, Any]]:
+        """The decision and the speeds it saw (``speed_recent``, ``speed_plan``)."""
+        if self.config.policy == "static":  # never looks at the state
+            return self.policy.decide(None), {}
+        if len(self.history) == 0:
+            return Decision.keep("no telemetry yet"), {}
+        if self.broken is not None:
+            raise ForecastUnavailable(self.broken)
+        state = self.state(plan, current, last_move)
+        recent = window_speed(state.history, 10)
+        facts: dict[str, Any] = {"speed_recent": [round(float(x), 4) for x in recent]}
+        if self.external is not None:
+            held = self.history.held(state.costs)
+            return self.runner(self.external.decide, state, self.history.compute, held), facts
+        if self.forecaster is None:  # reactive
+            return self.policy.decide(state), facts
+        inner = self.forecaster.inner
+        if isinstance(inner, ModelSpeedForecaster):
+            inner.window = self._window(state)
+        self.forecaster.last = None
+        if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread
+            inner.history = since_last_move(self._raw, self.history.partitions)
+            decision = self.policy.decide(state)
+        else:
+            decision = self.runner(self.policy.decide, state)
+        if self.forecaster.last is not None:
+            from bubblecast.policy.state import mean_planning_speed
+
+            speed = mean_planning_speed(*self.forecaster.last, self.policy.risk)
+            facts["speed_plan"] = [round(float(x), 4) for x in speed]
+        return decision, facts
+
+    def _window(self, state: Any) -> Any:
+        """The served model's input: compute seconds and layer cost held per step."""
+        from bubblecast.dataset.window import Window
+
+        h = self.history
+        return Window(compute=h.compute.copy(), cost=np.maximum(h.held(state.costs), 1e-12),
+                      microbatches=int(h.microbatches[-1]))
+
+    def close(self) -> None:
+        if self.external is not None:
+            self.external.close()

@@ -1,0 +1,234 @@
+"""The closed loop: observe -> decide -> broadcast -> apply, one phase per step boundary.
+
+Every ``every`` steps (the same steps on every rank) :meth:`Controller.after_step` runs one
+round, spread over three steps so that no rank ever waits for a collective to cross the wire:
+
+1. **observe** (at the boundary): each rank's compute seconds per step since the last
+   boundary and any new per-layer cost samples leave in one asynchronous ``all_gather`` of a
+   small tensor (:mod:`.observe`) on a gloo group of the controller's own;
+2. **decide** (one step later): rank 0 adds them to its history and asks the policy
+   (:class:`.decide.Decider`), which answers with a recorded ``Decision``;
+3. **broadcast** (same step): the action leaves rank 0 as a small tensor, asynchronously
+   (actions other than repartitions through ``broadcast_action``);
+4. **apply** (one more step later): every rank applies it with ``Trainer.apply``.
+
+Observations through step ``s`` thus act from step ``s + 3``. Rank 0 records every decision;
+each rank counts the seconds it spends in control. Imported inside workers only (torch).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bubblecast.policy.actions import Action, Repartition
+from bubblecast.policy.decision import Decision
+from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending
+from bubblecast.runtime.control.observe import StepProbe, pack
+from bubblecast.runtime.trainer import Trainer, broadcast_action
+
+__all__ = ["Controller", "ControllerConfig"]
+_NONE, _REPARTITION, _OTHER = 0, 1, 2  # broadcast codes
+
+
+@dataclass
+class _Gathering:
+    """An observation in flight: the all_gather's handle and buffers, the steps it covers."""
+
+    work: Any
+    out: list[torch.Tensor]
+    pending: Pending
+
+
+@dataclass
+class _Sending:
+    """A decision in flight: the broadcast's handle and box, rank 0's action and record."""
+
+    work: Any
+    box: torch.Tensor
+    action: Action | None
+    record: dict[str, Any] | None
+
+
+class Controller:
+    """Closed-loop control of one :class:`Trainer` (construct on every rank; collective).
+
+    Call :meth:`after_step` after every ``train_step`` on every rank. ``enabled = False``
+    (set identically on every rank) skips the boundaries, for overhead measurements.
+    ``decider`` builds the external decider ``config.service`` asks (dependency injection).
+    """
+
+    def __init__(self, trainer: Trainer, config: ControllerConfig,
+                 decider: DeciderFactory | None = None) -> None:
+        self.trainer, self.config = trainer, config
+        self.rank, self.world = trainer.rank, trainer.world
+        self.layers = trainer.plan.layers
+        self.probe = StepProbe(trainer.recorder)
+        self.enabled = True
+        self.decisions: list[dict[str, Any]] = []
+        self.control_s = 0.0
+        self.parts = {"gather_s": 0.0, "decide_s": 0.0, "broadcast_s": 0.0}
+        self.samples: dict[str, list[float]] = {k: [] for k in self.parts}
+        self.boundaries = 0
+        self._pending: Pending = []
+        self._cost_seen = 0
+        self._last_move: int | None = None
+        self._gathering: _Gathering | None = None
+        self._sending: _Sending | None = None
+        group = trainer.group
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self._src = 0 if ranks is None else ranks[0]
+        self.group = dist.new_group(ranks=ranks, backend="gloo")  # control traffic, CPU
+        self.param_bytes = self._gather_param_bytes()
+        self.decider = Decider(config, trainer.plan, self.param_bytes, decider) \
+            if self.rank == 0 else None
+
+    @property
+    def note(self) -> str | None:
+        """What rank 0 decides with (forecaster, service), for the summary."""
+        return None if self.decider is None else self.decider.note
+
+    # -- the loop ---------------------------------------------------------------------------
+    def after_step(self) -> dict[str, Any] | None:
+        """Call after every step on every rank (collective). Returns the record of an action
+        applied at this boundary (``Trainer.apply``), or None."""
+        t = self.trainer
+        self._pending.append((t.step - 1, t.plan.partition, t.plan.microbatches))
+        del self._pending[:-self.config.every]
+        applied = None
+        if self._sending is not None:  # decided two steps ago: receive and apply it now
+            sending, self._sending = self._sending, None
+            t0 = time.perf_counter()
+            action = self.receive(sending)
+            self._spend("broadcast_s", t0)
+            applied = self.apply(action, sending.record)
+        if self._gathering is not None:  # observed one step ago: decide and broadcast
+            gathering, self._gathering = self._gathering, None
+            t0 = time.perf_counter()
+            decision, record = self.decide(gathering)
+            self._sending = self.broadcast(decision, record)
+            self._spend("decide_s", t0)
+        if t.step % self.config.every == 0:  # a boundary: observe
+            if self.enabled:
+                t0 = time.perf_counter()
+                self._gathering = self.observe()
+                self._spend("gather_s", t0)
+            else:
+                self.probe.take(0)
+        return applied
+
+    def observe(self) -> _Gathering:
+        """Start gathering every rank's compute per step and new layer-cost samples."""
+        costs = self.trainer.recorder.layer_costs
+        samples, self._cost_seen = costs[self._cost_seen:], len(costs)
+        mine = torch.from_numpy(pack(self.probe.take(self.config.every), self.config.every,
+                                     samples, self.layers))
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        work = dist.all_gather(out, mine, group=self.group, async_op=True)
+        self.boundaries += 1
+        return _Gathering(work, out, list(self._pending))
+
+    def decide(self, gathering: _Gathering) -> tuple[Decision | None, dict[str, Any] | None]:
+        """Rank 0: the policy's decision and its record (None on the other ranks)."""
+        gathering.work.wait()
+        if self.decider is None:
+            return None, None
+        t = self.trainer
+        self.decider.observe(torch.stack(gathering.out).numpy(), gathering.pending)
+        return self.decider.decide(t.plan, t.step - 1, self._last_move)
+
+    def broadcast(self, decision: Decision | None, record: dict[str, Any] | None) -> _Sending:
+        """Start sending rank 0's action: ``[code, n, partition...]`` (code 0 none, 1
+        repartition, 2 another action, which follows through ``broadcast_action``)."""
+        action = decision.action if decision is not None and decision.acts else None
+        box = torch.zeros(2 + self.layers, dtype=torch.int64)
+        if isinstance(action, Repartition) and len(action.partition) <= self.layers:
+            box[0], box[1] = _REPARTITION, len(action.partition)
+            box[2:2 + len(action.partition)] = torch.as_tensor(action.partition)
+        elif action is not None:
+            box[0] = _OTHER
+        work = dist.broadcast(box, src=self._src, group=self.group, async_op=True)
+        return _Sending(work, box, action, record)
+
+    def receive(self, sending: _Sending) -> Action | None:
+        """Every rank: rank 0's action (None: keep the plan)."""
+        sending.work.wait()
+        code, n = int(sending.box[0]), int(sending.box[1])
+        if code == _REPARTITION:
+            return Repartition(tuple(int(x) for x in sending.box[2:2 + n].tolist()))
+        if code == _OTHER:
+            return broadcast_action(sending.action if self.rank == 0 else None,
+                                    group=self.group)
+        return None
+
+    def apply(self, action: Action | None, record: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+        """Every rank: apply ``action`` now; rank 0 records the outcome with its decision."""
+        t = self.trainer
+        result = t.apply(action) if action is not None else None
+        if result is not None and result["ok"] and result["from"] != result["to"]:
+            self._last_move = t.step
+        if record is not None:
+            record["applied"] = None if result is None else {
+                k: result.get(k) for k in ("ok", "seconds", "bytes", "layers_moved", "from",
+                                           "to", "error")}
+            self.decisions.append(record)
+            if result is not None and result["ok"] and result["bytes"] and self.decider:
+                self.decider.measured(t.actions)
+        return result
+
+    def finish(self) -> None:
+        """Collective, after the last step: complete the collectives in flight; a decision
+        not yet applied is recorded as such (the run ended)."""
+        if self._gathering is not None:
+            self._gathering.work.wait()
+            self._gathering = None
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            sending.work.wait()
+            code = int(sending.box[0])
+            if code == _OTHER:
+                broadcast_action(sending.action if self.rank == 0 else None, group=self.group)
+            if sending.record is not None:
+                sending.record["applied"] = {"ok": False, "error": "the run ended first"} \
+                    if code else None
+                self.decisions.append(sending.record)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _gather_param_bytes(self) -> np.ndarray:
+        mine = {i: sum(p.numel() * p.element_size() for p in layer.parameters())
+                for i, layer in self.trainer.layers.items()}
+        boxes: list[Any] = [None] * self.world
+        dist.all_gather_object(boxes, mine, group=self.group)
+        out = np.zeros(self.layers)
+        for part in boxes:
+            for i, b in part.items():
+                out[int(i)] = float(b)
+        return out
+
+    def _spend(self, key: str, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        self.parts[key] += dt
+        self.samples[key].append(dt)
+        self.control_s += dt
+
+    def gather_stats(self) -> list[dict[str, float]]:
+        """Collective: each rank's control seconds (total and per phase), boundaries, and the
+        median seconds of each phase (robust to the odd descheduled call)."""
+        medians = {f"median_{k}": float(np.median(v)) if v else 0.0
+                   for k, v in self.samples.items()}
+        boxes: list[Any] = [None] * self.world
+        dist.all_gather_object(boxes, {"rank": self.rank, "control_s": self.control_s,
+                                       "boundaries": self.boundaries, **self.parts, **medians},
+                               group=self.group)
+        return boxes
+
+    def close(self) -> None:
+        if self.decider is not None:
+            self.decider.close()
