@@ -12,7 +12,10 @@ from bubblecast.errors import BubblecastError
 
 #: The input formats of ``--format`` (``bubblecast.telemetry.importers.FORMATS``, repeated
 #: here so that building the CLI does not import pandas; a test keeps the two equal).
-FORMAT_CHOICES: tuple[str, ...] = ("auto", "bubblecast", "megatron-ops", "kineto")
+FORMAT_CHOICES: tuple[str, ...] = (
+    "auto", "bubblecast", "megatron-ops", "kineto", "megatron-timeline", "megatron-log",
+    "deepspeed-log",
+)  # fmt: skip
 
 
 def format_option() -> typer.models.OptionInfo:

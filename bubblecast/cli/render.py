@@ -42,7 +42,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     for col in ("stage", "busy s", "idle s", "bubble"):
         table.add_column(col, justify="right")
     bottleneck = s.get("bottleneck_stage")
-    for row in s["per_stage"]:
+    for row in s["per_stage"] or []:
         style = "bold red" if row["stage"] == bottleneck else None
         table.add_row(str(row["stage"]), _fmt(row["busy_s"], 3), _fmt(row["idle_s"], 3),
                       _pct(row["bubble_fraction"]), style=style)

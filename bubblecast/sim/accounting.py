@@ -177,6 +177,10 @@ def inspect_summary(events: Events, run_id: str | None = None) -> dict[str, Any]
     """
     run_id, ev = select_run(events, run_id)
     meta = ev.runs[run_id]
+    if meta.extra.get("granularity") == "step":  # a coarse log: what it supports, else null
+        from bubblecast.telemetry.importers.logs_summary import step_summary
+
+        return step_summary(ev, run_id)
     frame = ev.frame
     table = rank_step_table(frame)
     observed = bubble_fraction(table)
@@ -207,6 +211,8 @@ def inspect_summary(events: Events, run_id: str | None = None) -> dict[str, Any]
         "slow_rank_details": slow,
         "replay_comm_s": comm,
         "per_rank": _per_rank(table),
+        "timing": str(meta.extra.get("timing", "host")),
+        "granularity": "op",
     }
     if note:
         out["structural_error"] = note

@@ -36,8 +36,6 @@ device times replace the host times of F, B and W.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -48,13 +46,13 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.kineto_io import load_trace, rank_of, trace_files
 from bubblecast.telemetry.schema import RunMeta
 from bubblecast.telemetry.validate import validate_frame
 
 _ACTION = re.compile(r"(\d+)([A-Z_]+?)(\d*)$")
 _OVERLAP = re.compile(r"\((.*)\)([A-Z_]+)$")
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
-_RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 KIND_TO_OP: dict[str, str] = {
     "F": "F", "B": "B", "I": "B", "W": "W", "SEND_F": "SEND_F", "RECV_F": "RECV_F",
     "SEND_B": "SEND_B", "RECV_B": "RECV_B", "OPT": "OPTIMIZER",
@@ -85,49 +83,6 @@ def parse_label(name: str) -> tuple[tuple[int, str, int], ...]:
         return ()
     stage, kind, mb = match.groups()
     return ((int(stage), kind, int(mb) if mb else -1),)
-
-
-def trace_files(path: Path) -> list[Path]:
-    """The trace files behind ``path``: the file itself, or ``*.json[.gz]`` in a directory."""
-    if not path.exists():
-        raise BubblecastError(f"{path}: no such file or directory")
-    if path.is_file():
-        return [path]
-    found = [f for pattern in ("*.json", "*.json.gz") for f in path.glob(pattern)]
-    files = sorted(f for f in found if f.is_file() and not f.name.startswith("."))
-    if not files:
-        raise BubblecastError(f"{path}: directory holds no .json or .json.gz trace files")
-    return files
-
-
-def _load_trace(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            gzipped = fh.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gzipped else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            trace = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BubblecastError(f"{path}: not a readable Chrome trace JSON ({reason})") from None
-    if isinstance(trace, list):  # the bare-array flavour of the Chrome trace format
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise BubblecastError(f"{path}: not a Chrome trace (no 'traceEvents' list)")
-    return trace
-
-
-def _rank_of(trace: dict[str, Any], path: Path) -> tuple[int, bool]:
-    """(rank, from_distributed_info)."""
-    info = trace.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"]), True
-    name = path.name.split(".json")[0]
-    numbers = re.findall(r"\d+", name)
-    match = _RANK_IN_NAME.search(name)
-    if match is None and len(numbers) != 1:  # a pid or timestamp is no rank: refuse to guess
-        raise BubblecastError(f"{path}: no 'distributedInfo.rank' and no rank number in the name")
-    return int(match.group(1) if match else numbers[0]), False
 
 
 def _file_ops(trace: dict[str, Any], path: Path, rank: int) -> tuple[pd.DataFrame, np.ndarray]:
@@ -300,8 +255,8 @@ def read_kineto(path: str | Path, run_id: str | None = None) -> Events:
     per_file: list[tuple[Path, pd.DataFrame, np.ndarray]] = []
     bases, hosts, from_name = [], [], []
     for file in files:
-        trace = _load_trace(file)
-        rank, from_info = _rank_of(trace, file)
+        trace = load_trace(file)
+        rank, from_info = rank_of(trace, file)
         if not from_info:
             from_name.append(file.name)
         ops, spans = _file_ops(trace, file, rank)

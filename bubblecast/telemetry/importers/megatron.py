@@ -43,9 +43,13 @@ def looks_like(columns: list[str]) -> bool:
     return {"optype", "start_ts", "duration", "dp_rank"} <= set(columns)
 
 
-def _read_meta(path: Path) -> dict[str, object]:
-    """Parse ``meta-<trial>.yaml`` beside ``trace-<trial>.parquet`` (flat ``key: value`` lines)."""
-    match = re.match(r"trace-(.*)\.parquet$", path.name)
+def read_sidecar_meta(path: Path, pattern: str = r"trace-(.*)\.parquet$") -> dict[str, object]:
+    """Parse the ``meta-<trial>.yaml`` beside ``path`` (flat ``key: value`` lines).
+
+    ``pattern`` extracts the trial name from the file name (``trace-<trial>.parquet`` here,
+    ``timeline-<trial>.json.gz`` for timelines); no match or no sidecar gives ``{}``.
+    """
+    match = re.match(pattern, path.name)
     if not match:
         return {}
     meta_path = path.with_name(f"meta-{match.group(1)}.yaml")
@@ -70,7 +74,7 @@ def read_megatron(path: str | Path) -> Events:
     for col in COLUMNS:
         if col not in raw.columns:
             raise BubblecastError(f"{path}: column '{col}': missing (megatron-ops format)")
-    meta = _read_meta(path)
+    meta = read_sidecar_meta(path)
     run_id = str(meta.get("trial_name", path.stem))
     optype = raw["optype"].astype(str)
     op = optype.map(OPTYPE_TO_OP).fillna("OTHER")
@@ -105,6 +109,7 @@ def read_megatron(path: str | Path) -> Events:
         replicas=int(meta.get("dp_size", int(frame["replica"].max()) + 1)),
         partition=None,
         source="megatron-ops",
-        extra={k: v for k, v in meta.items() if k.endswith("_size")},
+        extra={**{k: v for k, v in meta.items() if k.endswith("_size")},
+               "timing": "host", "granularity": "op"},
     )}
     return Events(validate_frame(frame, runs, str(path)), runs)
