@@ -27,6 +27,7 @@ from bubblecast.runtime.migration import FaultHook, install_state
 from bubblecast.runtime.models import LayerModel, make_optimizer
 from bubblecast.runtime.plan import Plan
 from bubblecast.runtime.recorder import Recorder, merge_parts
+from bubblecast.runtime.transition import apply_action
 from bubblecast.telemetry.schema import RunMeta
 
 #: ``on_step_end(trainer, loss)`` runs on rank 0 and returns an action to broadcast, or None.
@@ -229,8 +230,6 @@ class Trainer:
 
     def apply(self, action: Action | dict) -> dict[str, Any]:
         """Apply an action at this step boundary (collective); its record (``ok``, timing)."""
-        from bubblecast.runtime.transition import apply_action
-
         if isinstance(action, dict):
             action = action_from_json(action)
         return apply_action(self, action)

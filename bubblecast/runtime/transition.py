@@ -16,9 +16,11 @@ migration cost model reads seconds and bytes from there.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
+from torch import nn
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import (
@@ -29,11 +31,37 @@ from bubblecast.policy.actions import (
     SetSchedule,
     action_to_json,
 )
-from bubblecast.runtime.migration import install_state, plan_moves, transfer
+from bubblecast.runtime.config import TrainConfig
+from bubblecast.runtime.migration import FaultHook, install_state, plan_moves, transfer
 from bubblecast.runtime.plan import Plan, check_plan, resolve_schedule
 
-if TYPE_CHECKING:
-    from bubblecast.runtime.trainer import Trainer
+
+class Trainer(Protocol):
+    """What a transition reads and calls on the trainer it switches (``runtime.trainer``'s
+    :class:`~bubblecast.runtime.trainer.Trainer`; a protocol here, so that the transition
+    does not import the trainer that imports it)."""
+
+    config: TrainConfig
+    plan: Plan
+    step: int
+    rank: int
+    world: int
+    device: Any
+    group: Any
+    model: Any  # a LayerModel: make_empty(i) builds layer i with fresh parameters
+    layers: dict[int, nn.Module]
+    optimizer: torch.optim.Optimizer
+    actions: list[dict[str, Any]]
+    fault_hook: FaultHook | None
+    test_drop_optimizer_state: bool
+
+    def new_optimizer(self, layers: dict[int, nn.Module]) -> torch.optim.Optimizer: ...
+
+    def build_runtime(self, plan: Plan, layers: dict[int, nn.Module]
+                      ) -> tuple[list[Any], Any]: ...
+
+    def commit(self, plan: Plan, layers: dict[int, nn.Module],
+               optimizer: torch.optim.Optimizer, stages: list[Any], schedule: Any) -> None: ...
 
 
 def next_plan(plan: Plan, action: Action, batch_size: int | None = None) -> Plan:
