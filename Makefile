@@ -26,11 +26,17 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# ruff, the import-linter contracts of pyproject.toml (layers, no cycles) and the size limits
+# (modules <= 400 lines, functions <= 80): all three run, and lint fails if any of them fails.
 lint: $(STAMP)
-	$(BIN)/ruff check bubblecast tests benchmarks
+	@status=0; \
+	$(BIN)/ruff check bubblecast tests benchmarks tools || status=1; \
+	$(BIN)/lint-imports --no-cache --no-logo || status=1; \
+	$(BIN)/python tools/size_check.py bubblecast || status=1; \
+	exit $$status
 
 fix: $(STAMP)
-	$(BIN)/ruff check --fix bubblecast tests benchmarks
+	$(BIN)/ruff check --fix bubblecast tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) bubblecast-demo .pytest_cache .ruff_cache
