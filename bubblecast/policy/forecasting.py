@@ -8,13 +8,11 @@ each rank's recent series, median-smoothed, is cut into linear segments (binary 
 BIC); the last segment's line is extrapolated (damped, only when significant and long enough),
 a level shift in the last few steps restarts from the newest value, and quantiles come from
 the residuals' median absolute deviation, widening with the horizon.
-:class:`ModelForecaster` wraps a trained :mod:`bubblecast.forecast` model: it builds the
-run's features once, predicts every origin in one call, and looks the forecasts up by step.
+A trained :mod:`bubblecast.forecast` model is adapted by :mod:`bubblecast.policy.speeds`.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -203,96 +201,3 @@ class TrendForecaster:
         jump = (np.all(tail > ref + self.band_z * sig, axis=0)
                 | np.all(tail < ref - self.band_z * sig, axis=0))
         return jump, raw[-1], sig / np.maximum(np.abs(ref), 1e-12)
-
-
-@dataclass
-class ModelForecaster:
-    """Forecasts of a trained :mod:`bubblecast.forecast` model, precomputed for one run.
-
-    ``table[i]`` holds the ``(H_model, P, 3)`` quantiles made at origin step index ``i`` (NaN
-    where the model had no features yet); those origins fall back to ``fallback``. Forecasts
-    are interpolated between the model's horizons and held flat beyond the last one.
-    """
-
-    horizons_model: np.ndarray
-    table: np.ndarray
-    fallback: TrendForecaster
-    name: str = "model"
-
-    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
-        hz = np.asarray(horizons, dtype=np.float64)
-        t = int(state.t)
-        if t >= len(self.table) or not np.all(np.isfinite(self.table[t])):
-            return self.fallback.forecast(state, hz)
-        q = self.table[t]  # (Hm, P, 3)
-        hm = self.horizons_model.astype(np.float64)
-        idx = np.clip(np.searchsorted(hm, hz), 1, len(hm) - 1) if len(hm) > 1 else None
-        if idx is None:
-            return np.repeat(q[:1], len(hz), axis=0)
-        lo, hi = hm[idx - 1], hm[idx]
-        frac = np.clip((hz - lo) / (hi - lo), 0.0, 1.0)[:, None, None]
-        out = q[idx - 1] * (1 - frac) + q[idx] * frac
-        return np.sort(out, axis=2)
-
-
-def model_forecaster(model: Any, events: Any, run_id: str, steps: np.ndarray,
-                     unit: np.ndarray, fallback: TrendForecaster | None = None
-                     ) -> ModelForecaster:
-    """Precompute ``model``'s forecasts for every origin of one run.
-
-    ``steps`` are the run's step numbers in order and ``unit`` the ``(T, D, P)`` observed
-    per-rank speeds the policy works in; the model's delay signal is rescaled to that unit by
-    the median ratio over the run's rows (the two differ only by the work unit), and the
-    replicas are reduced by their maximum (the slowest replica paces the step).
-    """
-    from bubblecast.dataset import DatasetConfig, build_dataset
-
-    horizons = [int(h) for h in getattr(model, "horizons_", [1, 5, 10])]
-    # The features must be built as for training: use the config the model carries, if any.
-    config = getattr(model, "dataset_config_", None) \
-        or (getattr(model, "metadata_", None) or {}).get("dataset_config")
-    if isinstance(config, dict):
-        try:
-            config = DatasetConfig(**config)
-        except (TypeError, ValueError):
-            config = None
-    if not isinstance(config, DatasetConfig):
-        config = DatasetConfig(horizons=tuple(horizons))
-    try:
-        frame, _ = build_dataset(events.run(run_id) if len(events.run_ids) > 1 else events,
-                                 config)
-        pred = model.predict(frame, horizons)
-    except (BubblecastError, ValueError, KeyError) as exc:
-        raise BubblecastError(f"run '{run_id}': cannot forecast with the model: {exc}") from None
-    t_index = {int(s): i for i, s in enumerate(steps)}
-    T, D, P = unit.shape
-    table = np.full((T, len(horizons), D, P, 3), np.nan)
-    ti = pred["step"].map(t_index).to_numpy()
-    ok = ~np.isnan(ti.astype(np.float64))
-    pred = pred.loc[ok]
-    ti = ti[ok].astype(np.int64)
-    hi = np.searchsorted(np.array(horizons), pred["horizon"].to_numpy())
-    rep = pred["replica"].to_numpy(np.int64)
-    stg = pred["stage"].to_numpy(np.int64)
-    q = pred[["p10", "p50", "p90"]].to_numpy(np.float64)
-    table[ti, hi, rep, stg] = q
-    # Rescale the model's unit to the policy's: compare the signal at the origin with ours.
-    if "y" in frame.columns:
-        fy = frame[["step", "replica", "stage", "y"]].copy()
-        fy["ti"] = fy["step"].map(t_index)
-        fy = fy.dropna(subset=["ti"])
-        ours = unit[fy["ti"].to_numpy(np.int64), fy["replica"].to_numpy(np.int64),
-                    fy["stage"].to_numpy(np.int64)]
-        theirs = fy["y"].to_numpy(np.float64)
-        good = np.isfinite(ours) & np.isfinite(theirs) & (theirs > 0)
-        scale = float(np.median(ours[good] / theirs[good])) if good.any() else 1.0
-    else:
-        scale = 1.0
-    if D > 1:
-        with warnings.catch_warnings():  # origins without forecasts stay NaN (fallback)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            table = np.nanmax(table, axis=2) * scale
-    else:
-        table = table[:, :, 0] * scale
-    return ModelForecaster(np.array(horizons), table, fallback or TrendForecaster(),
-                           name=getattr(model, "kind", "model"))

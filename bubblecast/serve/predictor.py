@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from bubblecast.dataset.window import Window
+from bubblecast.errors import BubblecastError
 from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
-from bubblecast.serve.pipeline import pipeline_graph, step_times
+from bubblecast.serve.inputs import Loaded, forecast_window
+from bubblecast.serve.recommend import recommend
 from bubblecast.serve.schemas import (
     ForecastRequest,
     ForecastResponse,
@@ -28,29 +27,22 @@ from bubblecast.serve.schemas import (
     RecommendResponse,
     RequestError,
 )
+from bubblecast.sim.shape import PipelineShape
+from bubblecast.sim.steptime import stage_op_durations, step_times, timing_shape
 
 Loader = Callable[[], tuple[ForecastModel, ModelInfo]]
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """A model and its facts, swapped as one object."""
-
-    model: ForecastModel
-    info: ModelInfo
-    ref: ModelRef
-
-
-@dataclass(frozen=True)
-class WindowForecast:
-    """Forecast of one pipeline, stages in order: delay quantiles ``(P, H, 3)``, the work each
-    stage will hold ``(P, H)`` and their product, quantiles in seconds ``(P, H, 3)``."""
-
-    index: np.ndarray  # index[s]: position in request.ranks of the rank at stage s
-    window: Window
-    delay_q: np.ndarray
-    work_ahead: np.ndarray
-    seconds: np.ndarray
+def _timing_shape(pipe: Any) -> PipelineShape:
+    """The request's pipeline as a timeable shape; RequestError naming the field otherwise."""
+    try:
+        return timing_shape(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks,
+                            pipe.comm_s)
+    except BubblecastError as exc:
+        name, _, rest = str(exc).partition(": ")
+        if name.startswith("--") and rest:
+            raise RequestError(f"pipeline.{name[2:]}", rest) from None
+        raise RequestError("pipeline", str(exc)) from None
 
 
 def validation_error(exc: ValidationError) -> RequestError:
@@ -59,71 +51,6 @@ def validation_error(exc: ValidationError) -> RequestError:
 
     first = describe(exc.errors(include_url=False))[0]
     return RequestError(first["field"] or "body", first["msg"])
-
-
-def _matrix(req: ForecastRequest, index: np.ndarray, name: str) -> np.ndarray | None:
-    """``(steps, P)`` of a per-rank list field in stage order; None where no rank has it;
-    NaN columns for ranks that lack it while others have it."""
-    cols = [getattr(req.ranks[i], name) for i in index]
-    if all(c is None for c in cols):
-        return None
-    steps = len(req.ranks[0].compute_s)
-    nan = [np.nan] * steps
-    return np.array([c if c is not None else nan for c in cols], dtype=np.float64).T
-
-
-def request_window(req: ForecastRequest, default_cost: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, Window]:
-    """The request's history as a :class:`Window` in stage order, and that order."""
-    index = np.argsort([r.stage for r in req.ranks], kind="stable")
-    compute = np.array([req.ranks[i].compute_s for i in index], dtype=np.float64).T
-    cost = _matrix(req, index, "work")
-    fill = np.ones(compute.shape[1]) if default_cost is None else default_cost
-    cost = np.broadcast_to(fill, compute.shape).copy() if cost is None else \
-        np.where(np.isfinite(cost), cost, fill[None, :])
-    ahead = None if req.next_tokens is None else np.asarray(req.next_tokens, dtype=np.float64)
-    return index, Window(compute=compute, cost=cost, microbatches=req.pipeline.microbatches,
-                         tokens=_matrix(req, index, "tokens"),
-                         layers=_matrix(req, index, "layers"), next_tokens=ahead)
-
-
-def check_servable(model: ForecastModel, req: ForecastRequest) -> None:
-    """RequestError when the window is too short or a horizon unknown to ``model``."""
-    steps = len(req.ranks[0].compute_s)
-    if steps < model.min_window:
-        raise RequestError("ranks[0].compute_s", f"window of {steps} steps is too short; the "
-                           f"model needs at least {model.min_window}")
-    known = model.horizons
-    if known is not None:
-        bad = [h for h in req.horizons if h not in known]
-        if bad:
-            raise RequestError("horizons", f"the model does not forecast horizons {bad} "
-                               f"(known: {list(known)})")
-
-
-def checked_quantiles(q: np.ndarray, stages: int, horizons: int) -> np.ndarray:
-    """Model output as finite, non-negative, sorted ``(stages, horizons, 3)``; RequestError
-    otherwise (a model that cannot forecast this window)."""
-    q = np.asarray(q, dtype=np.float64)
-    expect = (stages, horizons, 3)
-    if q.shape != expect or not np.all(np.isfinite(q)):
-        raise RequestError("ranks", "the model gave no finite forecast for this window "
-                           f"(shape {q.shape}, expected {expect})")
-    return np.sort(np.maximum(q, 0.0), axis=2)
-
-
-def forecast_window(loaded: Loaded, req: ForecastRequest) -> WindowForecast:
-    """Quantiles in delay per work and in seconds per rank and horizon for ``req``."""
-    model = loaded.model
-    check_servable(model, req)
-    index, window = request_window(req)
-    hz = list(req.horizons)
-    q = checked_quantiles(model.predict_window(window, hz), window.stages, len(hz))
-    work_ahead = window.cost[-1][:, None] * window.load_ahead(len(hz))
-    seconds = q * work_ahead[:, :, None]
-    if not np.all(np.isfinite(seconds)):
-        raise RequestError("ranks", "forecast seconds overflow for this window")
-    return WindowForecast(index, window, q, work_ahead, seconds)
 
 
 class Predictor:
@@ -196,8 +123,9 @@ class Predictor:
         loaded = self._loaded
         fc = forecast_window(loaded, req)
         pipe = req.pipeline
-        pg = pipeline_graph(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks)
-        step, bubble = step_times(pg, fc.seconds[:, :, 1].T, pipe.op_weights, pipe.comm_s)
+        shape = _timing_shape(pipe)
+        step, bubble = step_times(shape, stage_op_durations(shape, fc.seconds[:, :, 1].T,
+                                                            pipe.op_weights))
         per_rank = fc.seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists
         ranks = []
         for s, i in enumerate(fc.index.tolist()):
@@ -209,8 +137,6 @@ class Predictor:
 
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""
-        from bubblecast.serve.recommend import recommend
-
         req = self._parse(RecommendRequest, request)
         return recommend(self._loaded, req)
 

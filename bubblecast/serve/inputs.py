@@ -1,0 +1,103 @@
+"""From a validated request to what the model reads and what it answers, checked.
+
+Shared by ``/v1/forecast`` (:mod:`bubblecast.serve.predictor`) and ``/v1/recommend``
+(:mod:`bubblecast.serve.recommend`): the request's history as a
+:class:`~bubblecast.dataset.window.Window` in stage order, the refusals that depend on the
+loaded model (window too short, unknown horizon, no finite forecast), and the forecast in
+delay per work and in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bubblecast.dataset.window import Window
+from bubblecast.forecast.served import ForecastModel, ModelInfo
+from bubblecast.policy import speeds
+from bubblecast.serve.schemas import ForecastRequest, ModelRef, RequestError
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model and its facts, swapped as one object."""
+
+    model: ForecastModel
+    info: ModelInfo
+    ref: ModelRef
+
+
+@dataclass(frozen=True)
+class WindowForecast:
+    """Forecast of one pipeline, stages in order: delay quantiles ``(P, H, 3)``, the work each
+    stage will hold ``(P, H)`` and their product, quantiles in seconds ``(P, H, 3)``."""
+
+    index: np.ndarray  # index[s]: position in request.ranks of the rank at stage s
+    window: Window
+    delay_q: np.ndarray
+    work_ahead: np.ndarray
+    seconds: np.ndarray
+
+
+def _matrix(req: ForecastRequest, index: np.ndarray, name: str) -> np.ndarray | None:
+    """``(steps, P)`` of a per-rank list field in stage order; None where no rank has it;
+    NaN columns for ranks that lack it while others have it."""
+    cols = [getattr(req.ranks[i], name) for i in index]
+    if all(c is None for c in cols):
+        return None
+    steps = len(req.ranks[0].compute_s)
+    nan = [np.nan] * steps
+    return np.array([c if c is not None else nan for c in cols], dtype=np.float64).T
+
+
+def request_window(req: ForecastRequest, default_cost: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, Window]:
+    """The request's history as a :class:`Window` in stage order, and that order."""
+    index = np.argsort([r.stage for r in req.ranks], kind="stable")
+    compute = np.array([req.ranks[i].compute_s for i in index], dtype=np.float64).T
+    cost = _matrix(req, index, "work")
+    fill = np.ones(compute.shape[1]) if default_cost is None else default_cost
+    cost = np.broadcast_to(fill, compute.shape).copy() if cost is None else \
+        np.where(np.isfinite(cost), cost, fill[None, :])
+    ahead = None if req.next_tokens is None else np.asarray(req.next_tokens, dtype=np.float64)
+    return index, Window(compute=compute, cost=cost, microbatches=req.pipeline.microbatches,
+                         tokens=_matrix(req, index, "tokens"),
+                         layers=_matrix(req, index, "layers"), next_tokens=ahead)
+
+
+def check_servable(model: ForecastModel, req: ForecastRequest) -> None:
+    """RequestError when the window is too short or a horizon unknown to ``model``."""
+    steps = len(req.ranks[0].compute_s)
+    if steps < model.min_window:
+        raise RequestError("ranks[0].compute_s", f"window of {steps} steps is too short; the "
+                           f"model needs at least {model.min_window}")
+    known = model.horizons
+    if known is not None:
+        bad = [h for h in req.horizons if h not in known]
+        if bad:
+            raise RequestError("horizons", f"the model does not forecast horizons {bad} "
+                               f"(known: {list(known)})")
+
+
+def checked_quantiles(q: np.ndarray, stages: int, horizons: int) -> np.ndarray:
+    """Model output as finite, non-negative, sorted ``(stages, horizons, 3)``; RequestError
+    otherwise (a model that cannot forecast this window)."""
+    try:
+        return speeds.checked_quantiles(q, stages, horizons)
+    except speeds.UnusableForecast as exc:
+        raise RequestError(exc.field, exc.message) from None
+
+
+def forecast_window(loaded: Loaded, req: ForecastRequest) -> WindowForecast:
+    """Quantiles in delay per work and in seconds per rank and horizon for ``req``."""
+    model = loaded.model
+    check_servable(model, req)
+    index, window = request_window(req)
+    hz = list(req.horizons)
+    q = checked_quantiles(model.predict_window(window, hz), window.stages, len(hz))
+    work_ahead = window.cost[-1][:, None] * window.load_ahead(len(hz))
+    seconds = q * work_ahead[:, :, None]
+    if not np.all(np.isfinite(seconds)):
+        raise RequestError("ranks", "forecast seconds overflow for this window")
+    return WindowForecast(index, window, q, work_ahead, seconds)
