@@ -24,7 +24,7 @@ from bubblecast.policy.actions import Action, action_from_json, action_to_json
 from bubblecast.runtime import checkpoint
 from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.migration import FaultHook, install_state
-from bubblecast.runtime.models import LayerModel, make_optimizer
+from bubblecast.runtime.networks import LayerModel, make_optimizer
 from bubblecast.runtime.plan import Plan
 from bubblecast.runtime.recorder import Recorder, merge_parts
 from bubblecast.runtime.transition import apply_action

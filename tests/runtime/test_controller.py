@@ -139,7 +139,7 @@ def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_pa
 # -- two processes ---------------------------------------------------------------------------
 def _reference_losses(steps: int) -> list[float]:
     from bubblecast.runtime.config import ModelSpec, TrainConfig
-    from bubblecast.runtime.reference import Reference
+    from tests.oracles.runtime_reference import Reference
 
     config = TrainConfig(model=ModelSpec(kind="mlp", layers=8, hidden=32, dtype="float64"),
                          stages=2, microbatches=4, steps=steps, batch_size=16,

@@ -6,7 +6,7 @@ import torch
 
 from bubblecast.runtime.config import ModelSpec
 from bubblecast.runtime.migration import install_state, pack_layer, plan_moves, unpack_layer
-from bubblecast.runtime.models import (
+from bubblecast.runtime.networks import (
     build_layer,
     empty_layer,
     loss_fn,

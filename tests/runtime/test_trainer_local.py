@@ -10,8 +10,8 @@ import torch
 
 from bubblecast.policy.actions import NoOp, Repartition, SetMicrobatches, SetSchedule
 from bubblecast.runtime.config import ModelSpec, TrainConfig
-from bubblecast.runtime.reference import Reference
 from bubblecast.telemetry import read_events
+from tests.oracles.runtime_reference import Reference
 
 dist = torch.distributed
 SPEC = ModelSpec(kind="gpt", layers=6, hidden=16, seq_len=8, vocab=32, heads=2, dtype="float64")
@@ -177,7 +177,7 @@ def test_sleep_emulation_is_proportional(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_custom_sequential_model() -> None:
     from bubblecast.errors import BubblecastError
-    from bubblecast.runtime.models import LayerModel
+    from bubblecast.runtime.networks import LayerModel
     from bubblecast.runtime.trainer import Trainer
 
     nn = torch.nn

@@ -114,11 +114,6 @@ def empty_layer(spec: ModelSpec, index: int, device: torch.device | str = "cpu")
     return layer.to_empty(device=device)
 
 
-def build_layers(spec: ModelSpec, seed: int, indices: list[int] | range,
-                 device: torch.device | str = "cpu") -> dict[int, nn.Module]:
-    return {i: build_layer(spec, i, seed, device) for i in indices}
-
-
 @lru_cache(maxsize=8)
 def _teacher(seed: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed * _DATA_SALT + 17)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bubblecast.runtime.config import TrainConfig
-from bubblecast.runtime.models import LayerModel, make_optimizer
+from bubblecast.runtime.networks import LayerModel, make_optimizer
 
 
 class Reference:

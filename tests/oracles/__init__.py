@@ -1,0 +1,1 @@
+"""Test oracles: slow, obviously correct reference implementations checked against the library."""
