@@ -49,7 +49,7 @@ def dataset(
     from bubblecast.dataset import DatasetConfig, build_dataset, write_features
     from bubblecast.errors import BubblecastError
     from bubblecast.telemetry.events import Events
-    from bubblecast.telemetry.importers import load_events
+    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
 
     hz = parse_int_list(horizons, "--horizons")
     ws = parse_int_list(windows, "--windows")
@@ -63,6 +63,7 @@ def dataset(
         for path in runs:
             note(f"reading {path}")
             parts.append(load_events(path, format))
+            require_per_op(parts[-1], "dataset", path)
         events = parts[0] if len(parts) == 1 else Events.concat(parts)
         dupes = len(events.run_ids) != sum(len(p.run_ids) for p in parts)
         if dupes:
@@ -74,7 +75,7 @@ def dataset(
     summary = {"out": str(out), "rows": len(frame), "runs": len(meta.runs),
                "horizons": list(config.horizons),
                "features": sum(c.startswith(("f_", "x")) for c in frame.columns),
-               "fingerprint": meta.fingerprint}
+               "fingerprint": meta.fingerprint, "timing": timing_of(events)}
     if json_out:
         emit_json(summary)
     else:

@@ -42,7 +42,7 @@ def policy_eval(
     from bubblecast.policy.cost import MigrationConstants
     from bubblecast.policy.evaluate import EvalConfig, evaluate_events, plot_traces
     from bubblecast.telemetry.events import Events
-    from bubblecast.telemetry.importers import load_events
+    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     constants = MigrationConstants.from_json(migration) if migration is not None \
@@ -54,6 +54,7 @@ def policy_eval(
     seen: set[str] = set()
     for path in runs:
         ev = load_events(path, format)
+        require_per_op(ev, "policy-eval", path)
         clash = seen & set(ev.run_ids)
         if clash:
             raise BubblecastError(f"{path}: run id '{sorted(clash)[0]}' already read from an "
@@ -75,7 +76,7 @@ def policy_eval(
     if plot is not None:
         plot_traces(traces, plot)
     if json_out:
-        emit_json(result)
+        emit_json({**result, "timing": timing_of(events)})
         return
     _print(result, names)
 

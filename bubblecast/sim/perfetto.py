@@ -69,7 +69,10 @@ def trace_events(events: Events, run_id: str | None = None,
 def write_perfetto(events: Events, path: str | Path, run_id: str | None = None,
                    steps: list[int] | None = None) -> Path:
     """Write the trace JSON atomically; returns the path."""
+    from bubblecast.telemetry.importers import require_per_op
     from bubblecast.telemetry.io import atomic_write
+
+    require_per_op(events, "inspect --perfetto", f"run {run_id or ', '.join(events.run_ids)}")
 
     items = trace_events(events, run_id, steps)
 

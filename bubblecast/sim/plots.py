@@ -116,6 +116,9 @@ def _heatmap(fig: Any, ax: Any, frame: pd.DataFrame) -> None:
 def plot_inspect(events: Events, summary: dict[str, Any], path: str | Path,
                  steps: list[int] | None = None) -> Path:
     """Write the timeline and idle heatmap of ``summary['run_id']`` to a PNG at ``path``."""
+    from bubblecast.telemetry.importers import require_per_op
+
+    require_per_op(events, "inspect --plot", f"run {summary.get('run_id')}")
     import matplotlib
 
     matplotlib.use("Agg")

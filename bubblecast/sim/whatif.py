@@ -66,6 +66,9 @@ def balanced_durations(model: ReplayModel) -> np.ndarray:
 def whatif(events: Events, run_id: str | None = None, *,
            config: ReplayConfig | None = None) -> dict[str, Any]:
     """The ``whatif --json`` object for one run (SPEC §3 keys, then extras)."""
+    from bubblecast.telemetry.importers import require_per_op
+
+    require_per_op(events, "whatif", "run " + ", ".join(events.run_ids[:3]))
     model = ReplayModel(events, run_id, config)
     base = model.run()
     replayed = float(base.replayed_step_s.mean())
@@ -98,4 +101,5 @@ def whatif(events: Events, run_id: str | None = None, *,
         "slow_ranks": slow,
         "replay_comm_s": model.comm,
         "launch_delays": model.config.launch_delays,
+        "timing": str(events.runs[model.run_id].extra.get("timing", "host")),
     }
