@@ -1,16 +1,16 @@
 """``bubblecast demo``: the whole journey on embedded defaults, a thin application over the API.
 
-Stages, in order, each one function writing into ``<out>/<stage>/`` and returning its JSON-able
-record: simulate a scenario suite, build the dataset, train LightGBM and the GRU (logged and
-registered in the SQLite MLflow store ``<out>/mlflow.db``), evaluate them and the policies on
-held-out runs, inspect and what-if the real Megatron-LM trace, run the live closed loop on CPU;
-then ``report.md`` and ``demo.json`` (``bubblecast.demo_report``). A run always starts fresh:
-the previous report goes first and the new one is written last, so a report only ever
-describes the run that wrote it. Every number follows from :class:`DemoConfig` and its seed.
+Stages in order, each a function writing into ``<out>/<stage>/`` and returning its JSON-able
+record: simulate a scenario suite, build the dataset, train LightGBM and the GRU (registered in
+the SQLite MLflow store ``<out>/mlflow.db``), evaluate them and the policies on held-out runs,
+analyse the real Megatron-LM trace, run the live closed loop; then ``report.md`` and
+``demo.json`` (:mod:`bubblecast.demo_report`), written last, after removing the previous ones
+first. Every number follows from :class:`DemoConfig` and its seed.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.forecast.tracking import DEFAULT_EXPERIMENT as EXPERIMENT
+from bubblecast.forecast.tracking import DEFAULT_MODEL_NAME as MODEL_NAME
 
 SCENARIOS: tuple[str, ...] = ("throttle", "failslow", "periodic", "seqlen", "mixed", "jitter")
 POLICIES: tuple[str, ...] = ("static", "reactive", "predictive", "oracle")
 MODELS: tuple[str, ...] = ("lgbm", "seq")
 SPLITS: tuple[str, ...] = ("train", "heldout")
-MODEL_NAME, EXPERIMENT = "bubblecast-forecaster", "bubblecast"
-#: The real Megatron-LM trace, looked for under these folders of the working directory and of
-#: the repository this module sits in (``data/`` first; ``../shared/data`` is a fallback).
+#: The real Megatron-LM trace, in data/ (or ../shared/data) of the working directory or repo.
 TRACE = Path("megatron-ops") / "trace-ST.parquet"
 TRACE_DIRS: tuple[Path, ...] = (Path("data"), Path("..") / "shared" / "data")
 REPORT, SUMMARY = "report.md", "demo.json"
@@ -37,11 +37,9 @@ LIVE_STAGES, LIVE_MICROBATCHES = 2, 4
 
 def default_megatron() -> str | None:
     """The Megatron-LM trace (see :data:`TRACE_DIRS`), or None when none exists."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        for folder in TRACE_DIRS:
-            if (base / folder / TRACE).is_file():
-                return str((base / folder / TRACE).resolve())
-    return None
+    found = [base / folder / TRACE for base in (Path.cwd(), Path(__file__).resolve().parents[1])
+             for folder in TRACE_DIRS if (base / folder / TRACE).is_file()]
+    return str(found[0].resolve()) if found else None
 
 
 @dataclass(frozen=True)
@@ -80,12 +78,11 @@ class DemoConfig:
 
         for name in ("scenarios", "horizons", "windows", "policies", "live_policies"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise BubblecastError(f"--seed: must be a non-negative integer, got {self.seed!r}")
         for name, value in self.to_json().items():
-            if type(value) is int and value < 1 and name != "seed":
-                raise BubblecastError(f"demo config: '{name}' must be a positive integer, "
-                                      f"got {value!r}")
+            if type(value) is int and value < (name != "seed"):
+                where = "--seed" if name == "seed" else f"demo config: '{name}'"
+                raise BubblecastError(f"{where}: must be an integer >= {int(name != 'seed')}, "
+                                      f"got {value}")
         for name, values, known in (("scenarios", self.scenarios, KNOWN),
                                     ("policies", self.policies, POLICIES),
                                     ("live_policies", self.live_policies, POLICIES[:3])):
@@ -95,21 +92,18 @@ class DemoConfig:
         if len(self.scenarios) * self.runs < 4:
             raise BubblecastError("demo config: need at least 4 training runs in all "
                                   "(scenarios x runs) to fit and hold out")
-        need = self.dataset_config().min_steps + 2 * max(self.horizons)
+        need = self.forecast().dataset_config().min_steps + 2 * max(self.horizons)
         if self.steps < need:
             raise BubblecastError(f"demo config: 'steps' must be at least {need} for windows "
                                   f"{list(self.windows)} and horizons {list(self.horizons)}, "
                                   f"got {self.steps}")
 
-    def dataset_config(self) -> Any:
-        """The :class:`bubblecast.dataset.DatasetConfig` of this demo."""
-        from bubblecast.dataset import DatasetConfig
+    def forecast(self) -> Any:
+        """The :class:`bubblecast.BubbleForecast` of this demo's dataset settings."""
+        from bubblecast import BubbleForecast
 
-        try:
-            return DatasetConfig(horizons=self.horizons, windows=self.windows, lags=self.lags,
-                                 max_period=min(30, max(2, self.windows[-1] // 2)))
-        except ValueError as exc:
-            raise BubblecastError(f"demo config: {exc}") from None
+        return BubbleForecast(horizons=self.horizons, windows=self.windows, lags=self.lags,
+                              seed=self.seed)
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -135,8 +129,7 @@ def preset(name: str, **overrides: Any) -> DemoConfig:
 
 @dataclass
 class Demo:
-    """A running demo: its config, output folder, the records of the stages run so far and the
-    in-memory objects they hand on (events, trained model directories)."""
+    """A running demo: config, output folder, stage records so far, events handed on."""
 
     config: DemoConfig
     out: Path
@@ -144,13 +137,8 @@ class Demo:
     memo: dict[str, Any] = field(default_factory=dict)
 
     def dir(self, stage: str) -> Path:
-        path = self.out / stage
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    @property
-    def tracking_uri(self) -> str:
-        return f"sqlite:///{(self.out / 'mlflow.db').as_posix()}"
+        (self.out / stage).mkdir(parents=True, exist_ok=True)
+        return self.out / stage
 
 
 def simulate(demo: Demo) -> dict[str, Any]:
@@ -160,95 +148,78 @@ def simulate(demo: Demo) -> dict[str, Any]:
     from bubblecast.sim.accounting import bubble_fraction, rank_step_table
     from bubblecast.telemetry.io import write_events
 
-    c, per_run, examples = demo.config, [], {}
+    c, fractions, examples, runs = demo.config, {}, {}, {}
     for k, split in enumerate(SPLITS):
         suite = SuiteConfig(scenarios=c.scenarios, runs=c.runs if k == 0 else c.heldout_runs,
                             steps=c.steps, replicas=1, seed=2 * c.seed + k)
         events = demo.memo[split] = suite_events(suite)
         write_events(events, demo.dir("simulate") / f"{split}.parquet")
+        runs[split] = len(events.run_ids)
         for run_id, run in events.by_run():
             scenario = run_id.split(f"-s{suite.seed}-")[0]
             examples.setdefault(scenario, run) if k == 0 else None
-            per_run.append({"split": split, "run_id": run_id, "scenario": scenario,
-                            "bubble_fraction": bubble_fraction(rank_step_table(run.frame))})
-    figure = "simulate/scenarios.png"
-    plot_scenarios(examples, demo.out / figure)
-    scen = {s: {"runs": sum(r["scenario"] == s for r in per_run), "bubble_fraction": float(
-        np.mean([r["bubble_fraction"] for r in per_run if r["scenario"] == s]))}
-        for s in c.scenarios}
-    return {"runs": {s: sum(r["split"] == s for r in per_run) for s in SPLITS},
-            "steps": c.steps, "scenarios": scen, "per_run": per_run,
+            fractions.setdefault(scenario, {})[run_id] = bubble_fraction(
+                rank_step_table(run.frame))
+    plot_scenarios(examples, demo.out / "simulate" / "scenarios.png")
+    return {"runs": runs, "steps": c.steps, "bubble_fraction": fractions,
+            "scenarios": {s: {"runs": len(v), "bubble_fraction": float(np.mean(list(v.values())))}
+                          for s, v in fractions.items()},
             "files": [f"simulate/{s}.parquet" for s in SPLITS],
-            "figures": {figure: "bubblecast.demo_report.plot_scenarios"}}
+            "figures": {"simulate/scenarios.png": "bubblecast.demo_report.plot_scenarios"}}
 
 
 def dataset(demo: Demo) -> dict[str, Any]:
-    """Features and per-horizon targets of both splits (``bubblecast dataset``)."""
-    from bubblecast.dataset import build_dataset, write_features
+    """Features and targets of both splits (``BubbleForecast.features``: ``bubblecast dataset``)."""
+    from bubblecast.dataset import write_features
 
     out: dict[str, Any] = {"horizons": list(demo.config.horizons),
-                           "windows": list(demo.config.windows), "lags": demo.config.lags}
+                           "windows": list(demo.config.windows)}
     for split in SPLITS:
-        frame, meta = build_dataset(demo.memo[split], demo.config.dataset_config(),
-                                    sources=[f"simulate/{split}"])
+        frame, meta = demo.config.forecast().features(demo.memo[split])
         write_features(frame, meta, demo.dir("dataset") / f"{split}.parquet")
-        out[split] = {"file": f"dataset/{split}.parquet", "rows": len(frame),
-                      "runs": len(meta.runs), "fingerprint": meta.fingerprint,
+        out[split] = {"rows": len(frame), "runs": len(meta.runs),
+                      "fingerprint": meta.fingerprint,
                       "features": sum(c.startswith(("f_", "x")) for c in frame.columns)}
     return out
 
 
-def _new_store(demo: Demo) -> None:
-    """A fresh MLflow store ``<out>/mlflow.db`` whose artifacts go to ``<out>/mlruns``."""
-    from bubblecast.forecast.tracking import _quiet
-
-    _quiet()
-    import mlflow
-
-    root = demo.out / "mlruns"
-    root.mkdir(parents=True, exist_ok=True)
-    mlflow.MlflowClient(tracking_uri=demo.tracking_uri).create_experiment(
-        EXPERIMENT, artifact_location=root.as_uri())
-
-
 def train(demo: Demo) -> dict[str, Any]:
-    """Train both models (``bubblecast train``); with tracking, log and register each in the
-    demo's MLflow store and alias the one of higher mean held-out skill ``champion``."""
+    """Train both models as ``bubblecast train`` does (fit, hold out runs, save; log and
+    register in the demo's MLflow store); alias the one of higher held-out skill champion."""
+    from bubblecast.forecast.tracking import _quiet
     from bubblecast.forecast.training import train_model
 
-    c = demo.config
-    params = {"lgbm": {"n_estimators": c.lgbm_estimators, "num_leaves": c.lgbm_leaves},
-              "seq": {"epochs": c.seq_epochs, "hidden": c.seq_hidden}}
-    uri = demo.tracking_uri if c.track else None
-    if c.track:
-        _new_store(demo)
-    models: dict[str, Any] = {}
-    for kind in MODELS:
-        result = train_model(demo.out / "dataset" / "train.parquet", kind,
-                             demo.dir("train") / kind,
-                             params={"seed": c.seed, "max_train_rows": c.max_train_rows,
-                                     **params[kind]},
-                             holdout=0.2, seed=c.seed, track=c.track, tracking_uri=uri,
-                             register=MODEL_NAME if c.track else None,
-                             alias=kind if c.track else None)
-        skills = [m["skill"] for m in result["metrics"].values()
-                  if m.get("skill") is not None and np.isfinite(m["skill"])]
-        models[kind] = {"dir": f"train/{kind}", "metrics": result["metrics"],
-                        "rows": result["rows"], "runs": result["runs"],
-                        "skill": float(np.mean(skills)) if skills else float("nan"),
-                        "mlflow_run_id": result.get("mlflow_run_id"),
-                        "uri": result.get("registered", {}).get("uri")}
-    champion = max(MODELS, key=lambda k: np.nan_to_num(models[k]["skill"], nan=-np.inf))
-    out = {"models": models, "champion": champion, "tracked": c.track}
-    if c.track:
+    c, uri = demo.config, f"sqlite:///{(demo.out / 'mlflow.db').as_posix()}"
+    uri = uri if c.track else None
+    if uri:  # the experiment first, so that its artifacts go to <out>/mlruns
+        _quiet()
         import mlflow
 
+        mlflow.MlflowClient(tracking_uri=uri).create_experiment(
+            EXPERIMENT, artifact_location=demo.dir("mlruns").as_uri())
+    params = {"lgbm": {"n_estimators": c.lgbm_estimators, "num_leaves": c.lgbm_leaves},
+              "seq": {"epochs": c.seq_epochs, "hidden": c.seq_hidden}}
+    models: dict[str, Any] = {}
+    for kind in MODELS:
+        r = train_model(demo.out / "dataset" / "train.parquet", kind, demo.dir("train") / kind,
+                        params={"seed": c.seed, "max_train_rows": c.max_train_rows,
+                                **params[kind]}, holdout=0.2, seed=c.seed, track=c.track,
+                        tracking_uri=uri, register=MODEL_NAME if uri else None,
+                        alias=kind if uri else None)
+        skills = [m["skill"] for m in r["metrics"].values()
+                  if m["skill"] is not None and np.isfinite(m["skill"])]
+        models[kind] = {"dir": f"train/{kind}", "metrics": r["metrics"], "rows": r["rows"],
+                        "skill": float(np.mean(skills)) if skills else None,
+                        "mlflow_run_id": r.get("mlflow_run_id"),
+                        "uri": r.get("registered", {}).get("uri")}
+    champion = max(MODELS, key=lambda k: -np.inf if models[k]["skill"] is None
+                   else models[k]["skill"])
+    if uri:
         client = mlflow.MlflowClient(tracking_uri=uri)
-        version = client.get_model_version_by_alias(MODEL_NAME, champion)
-        client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
-        out.update(tracking_uri=uri, champion_uri=f"models:/{MODEL_NAME}@champion",
-                   registered_model=MODEL_NAME)
-    return out
+        version = client.get_model_version_by_alias(MODEL_NAME, champion).version
+        client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    return {"models": models, "champion": champion, "tracked": c.track, "tracking_uri": uri,
+            "champion_uri": f"models:/{MODEL_NAME}@champion" if uri else None}
 
 
 def champion_dir(demo: Demo) -> Path:
@@ -257,149 +228,116 @@ def champion_dir(demo: Demo) -> Path:
 
 
 def forecast_eval(demo: Demo) -> dict[str, Any]:
-    """Score both models (loaded from the registry when tracked) and the baselines on the
-    held-out suite (``bubblecast evaluate``): skill and coverage per horizon and scenario."""
+    """Score both models (from the registry when tracked) and the baselines on the held-out
+    suite as ``bubblecast evaluate`` does (per horizon and scenario, plots, logged)."""
     from bubblecast.demo_report import plot_skill
     from bubblecast.forecast.evaluation_run import run_evaluation
 
     c, models = demo.config, demo.records["train"]["models"]
-    refs = {k: m["uri"] or str(demo.out / m["dir"]) for k, m in models.items()}
+    refs = [m["uri"] or str(demo.out / m["dir"]) for m in models.values()]
     folder = demo.dir("forecast_eval")
-    result = run_evaluation(demo.out / "dataset" / "heldout.parquet", list(refs.values()),
-                            seed=c.seed, track=c.track,
-                            tracking_uri=demo.tracking_uri if c.track else None,
+    result = run_evaluation(demo.out / "dataset" / "heldout.parquet", refs, seed=c.seed,
+                            track=c.track, tracking_uri=demo.records["train"]["tracking_uri"],
                             plot_dir=folder / "forecasts")
-    table = result.table
+    table, learnt = result.table, [m for m in result.models if m not in result.baselines]
     table.to_csv(folder / "evaluation.csv", index=False)
     plot_skill(table, result.models, list(result.baselines), folder / "skill.png")
-    learnt = [m for m in result.models if m not in result.baselines]
-    overall = table[(table["scenario"] == "all") & table["model"].isin(learnt)]
-    rows = [{k: getattr(r, k) for k in ("model", "horizon", "n", "mae", "coverage_80",
-                                        "skill", "best_baseline")}
-            for r in overall.sort_values(["model", "horizon"]).itertuples()]
-    per_scen = table[(table["scenario"] != "all") & table["model"].isin(learnt)]
-    bubbles = [] if result.bubbles is None else [
-        {k: getattr(r, k) for k in ("model", "horizon", "n", "mae", "predicted", "actual")}
-        for r in result.bubbles.itertuples()]
-    figures = {"forecast_eval/skill.png": "bubblecast.demo_report.plot_skill"}
-    figures.update({f"forecast_eval/forecasts/{m}.png": "`bubblecast evaluate --plot`"
-                    for m in learnt})
-    return {"models": dict(zip(learnt, refs.values(), strict=False)),
-            "baseline": result.baseline, "table": rows, "bubbles": bubbles,
+    mine = table[table["model"].isin(learnt)].sort_values(["model", "horizon"])
+    columns = ["model", "horizon", "n", "mae", "coverage_80", "skill", "best_baseline"]
+    figures = {"forecast_eval/skill.png": "bubblecast.demo_report.plot_skill", **{
+        f"forecast_eval/forecasts/{m}.png": "`bubblecast evaluate --plot`" for m in learnt}}
+    return {"models": dict(zip(learnt, refs, strict=False)), "baseline": result.baseline,
+            "table": mine.loc[mine["scenario"] == "all", columns].to_dict("records"),
             "skill_per_scenario": {f"{r.model}/{r.scenario}/h{r.horizon}": r.skill
-                                   for r in per_scen.itertuples()},
-            "csv": "forecast_eval/evaluation.csv", "figures": figures}
+                                   for r in mine[mine["scenario"] != "all"].itertuples()},
+            "bubbles": [] if result.bubbles is None else result.bubbles[
+                ["model", "horizon", "n", "mae", "predicted", "actual"]].to_dict("records"),
+            "figures": figures}
 
 
 def policy_eval(demo: Demo) -> dict[str, Any]:
-    """Replay held-out runs under each policy (``bubblecast policy-eval``); the predictive
-    policy forecasts with the champion model."""
+    """Replay the held-out runs under each policy (``bubblecast policy-eval``); the
+    predictive policy forecasts with the champion model."""
     from bubblecast.demo_report import dumps
     from bubblecast.forecast.modeldir import load_model
     from bubblecast.policy.evaluate import evaluate_events, plot_traces
     from bubblecast.telemetry.io import atomic_write_text
 
-    c, events = demo.config, demo.memo["heldout"]
-    names = list(c.policies)
-    full, traces = evaluate_events(events, names, model=load_model(champion_dir(demo)))
+    names = list(demo.config.policies)
+    full, traces = evaluate_events(demo.memo["heldout"], names,
+                                   model=load_model(champion_dir(demo)))
     reports = list(full["runs"].values())
     best = sorted(reports, key=lambda r: -(r["oracle_gain"] or 0.0))[:4]
-    figure = "policy_eval/policies.png"
-    plot_traces({r["run_id"]: traces[r["run_id"]] for r in best}, demo.dir("policy_eval")
-                / "policies.png")
+    plot_traces({r["run_id"]: traces[r["run_id"]] for r in best},
+                demo.dir("policy_eval") / "policies.png")
     atomic_write_text(demo.out / "policy_eval" / "policy_eval.json", dumps(full))
-    per_run = [{"run_id": r["run_id"], "oracle_gain": r["oracle_gain"],
-                "forecaster": r["forecaster"],
-                **{f"{n}_speedup": r["policies"][n]["speedup_vs_static"] for n in names},
-                **{f"{n}_actions": r["policies"][n]["actions"] for n in names}}
-               for r in reports]
-    return {"policies": full["policies"], "names": names, "runs": len(reports),
-            "per_run": per_run, "model": champion_dir(demo).name,
-            "json": "policy_eval/policy_eval.json",
-            "figures": {figure: "`bubblecast policy-eval --plot` (policy.evaluate.plot_traces)"}}
+    return {"policies": full["policies"], "runs": len(reports), "model": champion_dir(demo).name,
+            "speedup_per_run": {r["run_id"]: {n: r["policies"][n]["speedup_vs_static"]
+                                              for n in names} for r in reports},
+            "figures": {"policy_eval/policies.png": "`bubblecast policy-eval --plot` "
+                                                    "(policy.evaluate.plot_traces)"}}
 
 
 def megatron(demo: Demo) -> dict[str, Any]:
-    """Import the real Megatron-LM trace, account its bubbles and answer the what-ifs
-    (``bubblecast inspect`` / ``whatif``)."""
+    """Bubble accounting and what-ifs of the real Megatron-LM trace (``BubbleAnalysis``, what
+    ``bubblecast inspect`` / ``whatif`` run)."""
+    from bubblecast import BubbleAnalysis
     from bubblecast.demo_report import dumps, reference
-    from bubblecast.sim.accounting import inspect_summary
-    from bubblecast.sim.plots import plot_inspect
-    from bubblecast.sim.whatif import whatif
-    from bubblecast.telemetry.importers import load_events
     from bubblecast.telemetry.io import atomic_write_text
 
     trace = Path(demo.config.megatron) if demo.config.megatron else None
     if trace is None or not trace.is_file():
         return {"skipped": f"no Megatron-LM trace at {trace or TRACE_DIRS[0] / TRACE}"}
-    events = load_events(trace)
-    summary, answers = inspect_summary(events), whatif(events)
-    figure = "megatron/inspect.png"
-    plot_inspect(events, summary, demo.dir("megatron") / "inspect.png")
+    analysis = BubbleAnalysis(trace)
+    summary, answers = analysis.summary(), analysis.whatif()
+    analysis.plot(demo.dir("megatron") / "inspect.png")
     atomic_write_text(demo.out / "megatron" / "inspect.json", dumps(summary))
     atomic_write_text(demo.out / "megatron" / "whatif.json", dumps(answers))
-    keep = ("run_id", "steps", "stages", "replicas", "bubble_fraction",
-            "structural_bubble_fraction", "dynamic_bubble_fraction", "step_time_s",
-            "bottleneck_stage", "slow_ranks", "per_stage")
-    return {"trace": str(trace), "inspect": {k: summary.get(k) for k in keep},
+    return {"trace": str(trace), "inspect": {k: v for k, v in summary.items() if k != "per_rank"},
             "whatif": {k: answers[k] for k in ("observed_step_s", "replayed_step_s",
                                                "replay_error", "scenarios")},
             "reference": reference(trace),
-            "figures": {figure: "`bubblecast inspect --plot` (sim.plots.plot_inspect)"}}
+            "figures": {"megatron/inspect.png": "`BubbleAnalysis(trace).plot(path)` "
+                                                "(`bubblecast inspect --plot`)"}}
 
 
-def _live_run(demo: Demo, policy: str) -> dict[str, Any]:
-    """One live run of ``policy`` (what ``bubblecast run --policy`` does); rank 0's summary."""
+def live(demo: Demo) -> dict[str, Any]:
+    """The 2-process CPU pipeline under the emulated slowdown, once per live policy, closed
+    loop (what ``bubblecast run --policy`` does): step times, throughput while slowed,
+    actions, control overhead; the predictive policy forecasts with the champion."""
+    from bubblecast.demo_report import ideal_speedup, plot_live, slowed_steps
     from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.control.config import ControllerConfig
     from bubblecast.runtime.control.job import launch_controlled, write_actions
 
-    c, folder = demo.config, demo.dir("live")
-    control = ControllerConfig(policy=policy, model=str(champion_dir(demo))
-                               if policy == "predictive" else None)
-    train_config = TrainConfig(
-        model=ModelSpec(kind="mlp", layers=c.live_layers, hidden=c.live_hidden),
-        stages=LIVE_STAGES, microbatches=LIVE_MICROBATCHES, schedule="1f1b",
-        steps=c.live_steps, batch_size=16 * LIVE_MICROBATCHES, seed=c.seed, optimizer="sgd",
-        lr=1e-3, inject=c.live_inject, run_id=f"live-{policy}", flush_every=50,
-        layer_cost_every=10)
-    summary = launch_controlled(train_config, control, folder / f"{policy}.parquet",
-                                timeout=600)
-    write_actions(folder / f"{policy}-actions.json", summary, control, train_config.run_id)
-    return summary
-
-
-def live(demo: Demo) -> dict[str, Any]:
-    """The 2-process CPU pipeline once per live policy under the emulated slowdown, closed
-    loop (``bubblecast run``): step times, throughput while slowed, actions, overhead."""
-    from bubblecast.demo_report import ideal_speedup, plot_live, slowed_steps
-
     c = demo.config
     if not c.live:
         return {"skipped": "live stage disabled in this configuration"}
-    lo, hi = slowed_steps(c)
-    runs, series = {}, {}
+    (lo, hi), runs, series = slowed_steps(c), {}, {}
     for policy in c.live_policies:
-        s = _live_run(demo, policy)
+        control = ControllerConfig(policy=policy, model=str(champion_dir(demo))
+                                   if policy == "predictive" else None)
+        job = TrainConfig(model=ModelSpec(kind="mlp", layers=c.live_layers, hidden=c.live_hidden),
+                          stages=LIVE_STAGES, microbatches=LIVE_MICROBATCHES, schedule="1f1b",
+                          steps=c.live_steps, batch_size=16 * LIVE_MICROBATCHES, seed=c.seed,
+                          optimizer="sgd", lr=1e-3, inject=c.live_inject,
+                          run_id=f"live-{policy}", flush_every=50, layer_cost_every=10)
+        s = launch_controlled(job, control, demo.dir("live") / f"{policy}.parquet", timeout=600)
+        write_actions(demo.out / "live" / f"{policy}-actions.json", s, control, job.run_id)
         ends = np.asarray(s.get("step_end_s") or [], dtype=np.float64)
         times = series[policy] = np.diff(np.r_[0.0, ends]) if ends.size else np.full(
             int(s["steps"]), float(s["mean_step_s"]))
         slow = float((times[lo:hi] if hi > lo else times).mean())
-        losses = list((s.get("losses") or {}).values())
         runs[policy] = {
             "events": f"live/{policy}.parquet", "mean_step_s": float(times.mean()),
             "slowed_step_s": slow, "slowed_steps_per_s": 1.0 / slow if slow > 0 else None,
             "actions_taken": int(s["actions_taken"]), "first_action_step":
-                s.get("first_action_step"),
-            "moves": [{"step": a.get("step"), "from": a.get("from"), "to": a.get("to")}
-                      for a in s.get("actions", []) if a.get("ok") and a["from"] != a["to"]],
-            "final_partition": s.get("partition"), "forecaster": s.get("forecaster"),
+                s.get("first_action_step"), "final_partition": s.get("partition"),
             "control_pct_of_wall": s.get("control_pct_of_wall"),
-            "first_loss": losses[0] if losses else None,
-            "last_loss": losses[-1] if losses else None}
-    if "static" in runs:
-        for r in runs.values():
-            r["speedup_vs_static"] = runs["static"]["slowed_step_s"] / r["slowed_step_s"]
+            "forecaster": s.get("forecaster")}
+    for r in runs.values():
+        r["speedup_vs_static"] = (runs["static"]["slowed_step_s"] / r["slowed_step_s"]
+                                  if "static" in runs else None)
     plot_live(series, (lo, hi), demo.out / "live" / "live.png", c.live_inject)
     return {"closed_loop": True, "policies": runs, "slowed": [lo, hi], "steps": c.live_steps,
             "inject": c.live_inject, "layers": c.live_layers, "stages": LIVE_STAGES,
@@ -408,9 +346,8 @@ def live(demo: Demo) -> dict[str, Any]:
             "figures": {"live/live.png": "bubblecast.demo_report.plot_live"}}
 
 
-Stage = Callable[[Demo], dict[str, Any]]
 #: (name, title, function) in the order they run.
-STAGES: tuple[tuple[str, str, Stage], ...] = (
+STAGES: tuple[tuple[str, str, Callable[[Demo], dict[str, Any]]], ...] = (
     ("simulate", "Simulate the scenario suite", simulate),
     ("dataset", "Build features and targets", dataset),
     ("train", "Train LightGBM and the GRU", train),
@@ -441,7 +378,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, say: Callable[[str], None] 
              command: str | None = None) -> dict[str, Any]:
     """Run every stage into ``out``, then write ``report.md`` and ``demo.json``; returns the
     ``demo.json`` object. ``say`` gets one line per finished stage."""
-    from bubblecast.demo_report import dumps, write_report
+    from bubblecast.demo_report import dumps, next_steps, write_report
     from bubblecast.telemetry.io import atomic_write_text
 
     demo = Demo(config, Path(out).resolve())
@@ -455,16 +392,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, say: Callable[[str], None] 
             note = demo.records[name].get("skipped")
             say(f"[{index}/{len(STAGES)}] {title:<40} {seconds[name]:6.1f} s"
                 + (f"  (skipped: {note})" if note else ""))
-    train = demo.records["train"]
-    doc = {"config": config.to_json(), "out": str(demo.out),
-           "report": str(demo.out / REPORT), "seconds": 0.0, "stage_seconds": seconds,
-           "mlflow_ui": f"mlflow ui --backend-store-uri {demo.tracking_uri}"
-           if train["tracked"] else None,
-           "serve": f"bubblecast serve --model {train['champion_uri']} --tracking-uri "
-                    f"{demo.tracking_uri}" if train["tracked"]
-           else f"bubblecast serve --model {champion_dir(demo)}",
-           "stages": demo.records}
-    doc["seconds"] = round(time.perf_counter() - started, 3)
+    doc = {"config": config.to_json(), "out": str(demo.out), "report": str(demo.out / REPORT),
+           "seconds": round(time.perf_counter() - started, 3), "stage_seconds": seconds,
+           **next_steps(demo.records["train"], demo.out), "stages": demo.records}
     write_report(doc, command)
-    atomic_write_text(demo.out / SUMMARY, dumps(doc))
-    return doc
+    return json.loads(atomic_write_text(demo.out / SUMMARY, dumps(doc)).read_text())

@@ -46,7 +46,8 @@ def figures(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"train": {k: m["metrics"] for k, m in train["models"].items()},
             "forecast_eval": {"table": fc["table"], "baseline": fc["baseline"],
                               "skill_per_scenario": fc["skill_per_scenario"]},
-            "policy_eval": {"policies": pol["policies"], "per_run": pol["per_run"]}}
+            "policy_eval": {"policies": pol["policies"],
+                            "speedup_per_run": pol["speedup_per_run"]}}
 
 
 def slowed_steps(config: Any) -> tuple[int, int]:
@@ -358,6 +359,16 @@ def render(doc: dict[str, Any], command: str | None = None) -> str:
                     "```")
     tail.append(f"Serve the champion forecaster:\n\n```bash\n{doc['serve']}\n```")
     return "\n\n".join(parts + ["\n\n".join(tail)]) + "\n"
+
+
+def next_steps(train: dict[str, Any], out: Path) -> dict[str, str | None]:
+    """The commands that open the MLflow UI on the demo's store and serve the champion."""
+    if not train["tracked"]:
+        model = out / train["models"][train["champion"]]["dir"]
+        return {"mlflow_ui": None, "serve": f"bubblecast serve --model {model}"}
+    uri = train["tracking_uri"]
+    return {"mlflow_ui": f"mlflow ui --backend-store-uri {uri}",
+            "serve": f"bubblecast serve --model {train['champion_uri']} --tracking-uri {uri}"}
 
 
 def write_report(doc: dict[str, Any], command: str | None = None) -> Path:
