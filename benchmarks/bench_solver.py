@@ -26,10 +26,10 @@ import numpy as np
 from bubblecast.policy.solver import (
     PartitionProblem,
     candidates,
-    even_partition,
     min_bottleneck,
     solve,
 )
+from bubblecast.sim.shape import even_partition
 from bubblecast.telemetry import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "solver.json"

@@ -20,7 +20,7 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost, run_constants
 from bubblecast.policy.decision import Decision
-from bubblecast.policy.forecasting import TrendForecaster, model_forecaster
+from bubblecast.policy.forecasting import TrendForecaster
 from bubblecast.policy.policies import (
     POLICIES,
     OraclePolicy,
@@ -30,6 +30,7 @@ from bubblecast.policy.policies import (
     StaticPolicy,
 )
 from bubblecast.policy.rundata import RunData, load_run
+from bubblecast.policy.speeds import model_forecaster
 from bubblecast.policy.state import PolicyState, RunContext
 from bubblecast.telemetry.events import Events
 

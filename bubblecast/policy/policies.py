@@ -32,7 +32,6 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Action, Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
-from bubblecast.policy.pipeline import predicted_step
 from bubblecast.policy.solver import (
     Partition,
     SolverTables,
@@ -42,6 +41,7 @@ from bubblecast.policy.solver import (
     stage_work,
 )
 from bubblecast.policy.state import PolicyState, RunContext, horizon_grid, planning_speed
+from bubblecast.sim.steptime import predicted_step
 
 
 class Policy:

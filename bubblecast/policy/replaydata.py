@@ -1,10 +1,11 @@
 """Evaluation data of a logged run without ground truth (``replay-rescaled`` mode).
 
-See :mod:`bubblecast.policy.rundata`. Per-layer costs: the run metadata's ``workload`` or
-``layer_costs`` when present; otherwise each virtual stage's median per-microbatch op time,
-per op type, spread evenly over the layers it held (the ``layers`` column, the metadata's
-partition, or ``layers_per_stage`` per stage as an explicit assumption). Counterfactual steps
-are re-timed with :class:`bubblecast.sim.replay.ReplayModel`.
+See :mod:`bubblecast.policy.rundata` (which imports this module, never the reverse).
+Per-layer costs: the run metadata's ``workload`` or ``layer_costs`` when present; otherwise
+each virtual stage's median per-microbatch op time, per op type, spread evenly over the layers
+it held (the ``layers`` column, the metadata's partition, or ``layers_per_stage`` per stage as
+an explicit assumption). Counterfactual steps are re-timed with
+:class:`bubblecast.sim.replay.ReplayModel`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.pipeline import Pipeline
-from bubblecast.policy.rundata import (
-    _KIND,
+from bubblecast.policy.runcore import (
+    KIND,
     RunData,
     StepOutcome,
-    _fill_nan,
-    _logged_partitions,
-    _multiplier,
-    _nominal_table,
-    _unit,
+    fill_nan,
+    logged_partitions,
+    multiplier,
+    nominal_table,
+    work_unit,
 )
+from bubblecast.sim.shape import PipelineShape
+from bubblecast.sim.steptime import timing_shape
 from bubblecast.telemetry.events import Events
 
 
@@ -86,10 +88,10 @@ def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunDa
     P, V, D = meta.stages, meta.stages * meta.chunks, meta.replicas
     split = bool((f["op"] == "W").any())
     try:
-        pipe = Pipeline(meta.schedule if meta.schedule != "unknown" else "1f1b", P,
-                        meta.microbatches, meta.chunks, float(model.comm))
-    except BubblecastError:
-        pipe = Pipeline("1f1b", P, 1, 1, float(model.comm))  # shape only; replay times steps
+        pipe = timing_shape(meta.schedule if meta.schedule != "unknown" else "1f1b", P,
+                            meta.microbatches, meta.chunks, float(model.comm))
+    except BubblecastError:  # shape only; replay times steps
+        pipe = PipelineShape("1f1b", P, 1, 1, float(model.comm))
     comp = np.flatnonzero(model.is_compute)
     steps = np.asarray(model.steps, dtype=np.int64)
     order = np.argsort(steps)
@@ -99,7 +101,7 @@ def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunDa
     stage = f["stage"].to_numpy(np.int64)[comp]
     vs = f["chunk"].to_numpy(np.int64)[comp] * P + stage
     d = f["replica"].to_numpy(np.int64)[comp]
-    kind = f["op"].astype(str).map(_KIND).to_numpy()[comp].astype(np.int64)
+    kind = f["op"].astype(str).map(KIND).to_numpy()[comp].astype(np.int64)
     dur = model.observed[comp]
     costs = _meta_costs(meta.extra)
     note = "replay-rescaled: no ground truth in this run; "
@@ -113,7 +115,7 @@ def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunDa
             note += f"assumed {layers_per_stage} equal layers per stage; "
         logged = _layers_column(f, steps, P, layers) if meta.chunks == 1 else None
         if logged is None:
-            logged = _logged_partitions(meta, steps, layers, V)
+            logged = logged_partitions(meta, steps, layers, V)
         held = logged[ti, vs]
         costs = np.zeros((layers, 3))
         edges = np.r_[0, np.cumsum(logged[0])]
@@ -126,20 +128,20 @@ def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunDa
     else:
         logged = _layers_column(f, steps, P, len(costs)) if meta.chunks == 1 else None
         if logged is None:
-            logged = _logged_partitions(meta, steps, len(costs), V)
+            logged = logged_partitions(meta, steps, len(costs), V)
         note += "per-layer costs from the run metadata; "
     note += "steps re-timed by the replay engine with compute scaled by the layers moved"
-    table, inv = _nominal_table(logged, costs, split)
+    table, inv = nominal_table(logged, costs, split)
     nominal = table[inv[ti], kind, vs]
-    mult = _multiplier(dur, nominal, np.ones_like(dur))
+    mult = multiplier(dur, nominal, np.ones_like(dur))
     T = len(steps)
     rank_key = (ti * D + d) * P + stage
-    unit = _fill_nan(_unit(mult * nominal, nominal, rank_key, T * D * P).reshape(T, D, P))
+    unit = fill_nan(work_unit(mult * nominal, nominal, rank_key, T * D * P).reshape(T, D, P))
     step_pos = np.searchsorted(steps, np.asarray(model.steps, dtype=np.int64))
     group = ti * D + d
 
     def outcome(parts: np.ndarray) -> StepOutcome:
-        tab, inv2 = _nominal_table(parts, costs, split)
+        tab, inv2 = nominal_table(parts, costs, split)
         durations = model.pure.copy()
         durations[comp] = mult * tab[inv2[ti], kind, vs]
         res = model.run(durations)

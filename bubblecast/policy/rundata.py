@@ -22,109 +22,24 @@ Two modes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import numpy as np
-import pandas as pd
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.pipeline import Pipeline, stage_kind_work
-from bubblecast.policy.solver import Partition
+from bubblecast.policy.replaydata import from_replay
+from bubblecast.policy.runcore import (
+    KIND,
+    RunData,
+    StepOutcome,
+    fill_nan,
+    logged_partitions,
+    multiplier,
+    nominal_table,
+    work_unit,
+)
+from bubblecast.sim.steptime import shape_graph, timing_shape
 from bubblecast.telemetry.events import Events
-from bubblecast.telemetry.schema import RunMeta
 
-_KIND = {"F": 0, "B": 1, "W": 2}
-
-
-@dataclass
-class StepOutcome:
-    """Per step: step time (no migration), idle and rank x window seconds (for bubbles)."""
-
-    step_s: np.ndarray
-    idle_s: np.ndarray
-    cells_s: np.ndarray
-
-
-@dataclass
-class RunData:
-    """What the evaluator needs from one run (see the module doc)."""
-
-    run_id: str
-    mode: str
-    note: str
-    pipeline: Pipeline
-    costs: np.ndarray  # (L, 3) F, B, W cost per layer per microbatch
-    param_bytes: np.ndarray  # (L,)
-    initial: Partition  # per virtual stage, the logged partition at the first step
-    steps: np.ndarray  # (T,) step numbers
-    unit: np.ndarray  # (T, D, P) observed per-rank speed
-    outcome: Callable[[np.ndarray], StepOutcome]  # (T, V) partitions per step -> outcome
-    activation_bytes: np.ndarray | None = None  # (L,) per microbatch, when known
-    extra: dict = field(default_factory=dict)  # the run metadata's extra (measured migrations)
-
-    @property
-    def history(self) -> np.ndarray:
-        """``(T, P)``: the slowest replica's speed per rank (it paces the step)."""
-        return self.unit.max(axis=1)
-
-    def constant(self, partitions: list[Partition]) -> np.ndarray:
-        """``(K, T)`` realised step times when each partition is kept for the whole run."""
-        T = len(self.steps)
-        return np.stack([self.outcome(np.tile(np.asarray(p), (T, 1))).step_s
-                         for p in partitions])
-
-
-def _nominal_table(parts: np.ndarray, costs: np.ndarray, split: bool
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Unique partitions and their ``(U, 3, V)`` nominal cost per op kind (B+W merged when the
-    schedule does not split the backward)."""
-    uniq, inverse = np.unique(np.asarray(parts, dtype=np.int64), axis=0, return_inverse=True)
-    table = np.stack([stage_kind_work(tuple(int(x) for x in p), costs) for p in uniq])
-    if not split:
-        table[:, 1] += table[:, 2]
-        table[:, 2] = 0.0
-    return table, inverse.reshape(-1)
-
-
-def _logged_partitions(meta: RunMeta, steps: np.ndarray, layers: int, v: int) -> np.ndarray:
-    """``(T, V)`` logged partition per step (``partition_steps`` when it changed)."""
-    base = meta.partition
-    if base is None or len(base) != v:
-        if base is not None and len(base) * meta.chunks == v:
-            from bubblecast.sim.workload import expand_partition
-
-            base = expand_partition(base, layers, meta.stages, meta.chunks).tolist()
-        else:
-            from bubblecast.sim.workload import even_partition
-
-            base = even_partition(layers, v)
-    out = np.tile(np.asarray(base, dtype=np.int64), (len(steps), 1))
-    for first, part in meta.extra.get("partition_steps", []) or []:
-        out[steps >= int(first)] = np.asarray(part, dtype=np.int64)
-    return out
-
-
-def _multiplier(duration: np.ndarray, nominal: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    ok = nominal > 0
-    return np.where(ok, duration / np.where(ok, nominal, 1.0), fallback)
-
-
-def _unit(mult_weighted: np.ndarray, nominal: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
-    """Per group: sum of durations over sum of nominal costs (a work-weighted mean speed)."""
-    dur = np.bincount(key, mult_weighted, minlength=n)
-    nom = np.bincount(key, nominal, minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = dur / nom
-    return np.where(nom > 0, out, np.nan)
-
-
-def _fill_nan(unit: np.ndarray) -> np.ndarray:
-    """Ranks that held no work at a step keep their previous (or 1.0) speed."""
-    out = unit.copy()
-    flat = out.reshape(out.shape[0], -1)
-    frame = pd.DataFrame(flat).ffill().bfill().fillna(1.0)
-    return frame.to_numpy().reshape(out.shape)
+__all__ = ["RunData", "StepOutcome", "from_simulation", "has_ground_truth", "load_run"]
 
 
 def from_simulation(events: Events, run_id: str) -> RunData:
@@ -136,8 +51,8 @@ def from_simulation(events: Events, run_id: str) -> RunData:
     wl = Workload.from_json(meta.extra["workload"], f"run '{run_id}' metadata")
     costs = np.stack([wl.forward, wl.backward - wl.weight, wl.weight], axis=1) / 1000.0
     comm = float(meta.extra.get("sim", {}).get("comm_ms", 0.0)) / 1000.0
-    pipe = Pipeline(meta.schedule, meta.stages, meta.microbatches, meta.chunks, comm)
-    sg = pipe.graph
+    pipe = timing_shape(meta.schedule, meta.stages, meta.microbatches, meta.chunks, comm)
+    sg = shape_graph(pipe)
     comp = events.compute()
     steps = np.unique(comp["step"].to_numpy(np.int64))
     T, D, P, n = len(steps), meta.replicas, meta.stages, sg.graph.n_ops
@@ -145,7 +60,7 @@ def from_simulation(events: Events, run_id: str) -> RunData:
     d = comp["replica"].to_numpy(np.int64)
     op_index = {(int(s), int(c), int(m), int(k)): i for i, (s, c, m, k) in
                 enumerate(zip(sg.stage, sg.chunk, sg.microbatch, sg.kind, strict=True))}
-    kinds = comp["op"].astype(str).map(_KIND).to_numpy(np.int64)
+    kinds = comp["op"].astype(str).map(KIND).to_numpy(np.int64)
     key = zip(comp["stage"].to_numpy(), comp["chunk"].to_numpy(), comp["microbatch"].to_numpy(),
               kinds, strict=True)
     try:
@@ -160,8 +75,8 @@ def from_simulation(events: Events, run_id: str) -> RunData:
     dur = np.zeros((T, D, n))
     dur[ti, d, col] = comp["duration_s"].to_numpy(np.float64)
     layers = wl.n_layers
-    logged = _logged_partitions(meta, steps, layers, pipe.virtual_stages)
-    table, inv = _nominal_table(logged, costs, pipe.split_backward)
+    logged = logged_partitions(meta, steps, layers, pipe.virtual_stages)
+    table, inv = nominal_table(logged, costs, pipe.split_backward)
     vs, kind = sg.virtual_stage, sg.kind
     nominal = table[inv][:, kind, vs]  # (T, n)
     # Fallback multiplier where an op's nominal cost is 0: ground-truth speed x token work.
@@ -173,16 +88,16 @@ def from_simulation(events: Events, run_id: str) -> RunData:
         tm = meta.extra["tokens_model"]
         tok[ti, d, col] = work_factor(comp["tokens"].to_numpy(np.float64),
                                       tm.get("mean_tokens", 1.0), tm.get("quadratic_share", 0.0))
-    mult = _multiplier(dur, nominal[:, None, :], speed * tok)
+    mult = multiplier(dur, nominal[:, None, :], speed * tok)
     # Observed speed: compute over nominal work, the known-ahead token work divided out.
     rank_key = (np.arange(T)[:, None, None] * D + np.arange(D)[None, :, None]) * P \
         + sg.stage[None, None, :]
     nom_b = np.broadcast_to(nominal[:, None, :], dur.shape)
-    unit = _unit((mult / tok * nom_b).ravel(), nom_b.ravel(), rank_key.ravel(), T * D * P)
-    unit = _fill_nan(unit.reshape(T, D, P))
+    unit = work_unit((mult / tok * nom_b).ravel(), nom_b.ravel(), rank_key.ravel(), T * D * P)
+    unit = fill_nan(unit.reshape(T, D, P))
 
     def outcome(parts: np.ndarray) -> StepOutcome:
-        tab, inv2 = _nominal_table(parts, costs, pipe.split_backward)
+        tab, inv2 = nominal_table(parts, costs, pipe.split_backward)
         new = tab[inv2][:, kind, vs]  # (T, n)
         durations = (mult * new[:, None, :]).reshape(T * D, n)
         start, end = simulate(sg.graph, durations, comm=comm)
@@ -208,7 +123,5 @@ def load_run(events: Events, run_id: str, layers_per_stage: int = 8) -> RunData:
     """The run's evaluation data: ground truth when it has it, else replay-rescaled."""
     if has_ground_truth(events, run_id):
         return from_simulation(events.run(run_id) if len(events.run_ids) > 1 else events, run_id)
-    from bubblecast.policy.replaydata import from_replay
-
     return from_replay(events.run(run_id) if len(events.run_ids) > 1 else events, run_id,
                        layers_per_stage)

@@ -222,11 +222,3 @@ def stage_work(partition: Partition, costs: np.ndarray) -> np.ndarray:
 def bottleneck_of(partition: Partition, costs: np.ndarray, speeds: np.ndarray) -> float:
     """Largest stage time of ``partition``."""
     return float(np.max(np.asarray(speeds, dtype=np.float64) * stage_work(partition, costs)))
-
-
-def even_partition(layers: int, stages: int) -> Partition:
-    """Layers split as evenly as possible; the later stages take the remainder."""
-    if layers < stages:
-        raise BubblecastError(f"partition: {layers} layers cannot fill {stages} stages")
-    base, extra = divmod(layers, stages)
-    return tuple(base + (1 if s >= stages - extra else 0) for s in range(stages))

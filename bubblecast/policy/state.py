@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bubblecast.policy.cost import MigrationCost
-from bubblecast.policy.pipeline import Pipeline
 from bubblecast.policy.solver import Partition, PartitionProblem
+from bubblecast.sim.shape import PipelineShape
 
 
 def horizon_weights(horizons: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -66,7 +66,7 @@ class PolicyState:
     history: np.ndarray
     partition: Partition
     costs: np.ndarray
-    pipeline: Pipeline
+    pipeline: PipelineShape
     migration: MigrationCost
     last_action: int | None = None
     memory: np.ndarray | None = None

@@ -10,61 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim.schedules import SCHEDULES as ALL_SCHEDULES
+from bubblecast.sim.schedules import ScheduleSpec, lookup_schedule
+from bubblecast.sim.shape import PipelineShape, even_partition
+
+#: The runnable schedules (those torch ships), read from THE schedule table
+#: (:data:`bubblecast.sim.schedules.SCHEDULES`); ``ScheduleInfo`` is its row type.
+ScheduleInfo = ScheduleSpec
+SCHEDULES: dict[str, ScheduleSpec] = {n: s for n, s in ALL_SCHEDULES.items() if s.torch_class}
 
 
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """One schedule torch ships, under its bubblecast name."""
-
-    name: str  # bubblecast name, written to RunMeta.schedule
-    torch_class: str  # class in torch.distributed.pipelining
-    multi: bool  # takes a list of stages (PipelineScheduleMulti)
-    style: str  # "loop" (stage v on rank v % P) or "v" (rank r holds r and 2P-1-r)
-    split_backward: bool  # backward split into input (B) and weight (W) passes
-    default_chunks: int
-
-
-SCHEDULES: dict[str, ScheduleInfo] = {
-    s.name: s
-    for s in (
-        ScheduleInfo("gpipe", "ScheduleGPipe", False, "loop", False, 1),
-        ScheduleInfo("1f1b", "Schedule1F1B", False, "loop", False, 1),
-        ScheduleInfo("interleaved", "ScheduleInterleaved1F1B", True, "loop", False, 2),
-        ScheduleInfo("zb-h1", "ScheduleInterleavedZeroBubble", True, "loop", True, 1),
-        ScheduleInfo("zb-interleaved", "ScheduleInterleavedZeroBubble", True, "loop", True, 2),
-        ScheduleInfo("zbv", "ScheduleZBVZeroBubble", True, "v", True, 2),
-        ScheduleInfo("dualpipev", "ScheduleDualPipeV", True, "v", True, 2),
-    )
-}
-_ALIASES: dict[str, str] = {
-    "gpipe": "gpipe", "schedulegpipe": "gpipe", "1f1b": "1f1b", "schedule1f1b": "1f1b",
-    "interleaved": "interleaved", "interleaved1f1b": "interleaved",
-    "scheduleinterleaved1f1b": "interleaved", "zb-h1": "zb-h1", "zbh1": "zb-h1",
-    "zb-interleaved": "zb-interleaved", "interleaved-zb": "zb-interleaved",
-    "interleavedzerobubble": "zb-interleaved", "scheduleinterleavedzerobubble": "zb-interleaved",
-    "zbv": "zbv", "zbvzerobubble": "zbv",
-    "schedulezbvzerobubble": "zbv", "dualpipev": "dualpipev", "scheduledualpipev": "dualpipev",
-}  # fmt: skip
-
-
-def resolve_schedule(name: str) -> ScheduleInfo:
+def resolve_schedule(name: str) -> ScheduleSpec:
     """The schedule called ``name`` (a bubblecast name or a torch class name, any case)."""
-    key = str(name).strip().lower()
-    if key in ("zb-h2", "zbh2"):
-        raise BubblecastError("--schedule: zb-h2 is not shipped by torch.distributed.pipelining "
-                              f"(runnable: {', '.join(SCHEDULES)})")
-    if key not in _ALIASES:
+    spec = lookup_schedule(name)
+    if spec is not None and spec.torch_class is None:
+        raise BubblecastError(f"--schedule: {spec.name} is not shipped by "
+                              f"torch.distributed.pipelining (runnable: {', '.join(SCHEDULES)})")
+    if spec is None:
         raise BubblecastError(f"--schedule: unknown schedule '{name}' "
                               f"(choose from {', '.join(SCHEDULES)})")
-    return SCHEDULES[_ALIASES[key]]
-
-
-def even_partition(layers: int, parts: int) -> tuple[int, ...]:
-    """``layers`` split into ``parts`` contiguous counts differing by at most one."""
-    if parts < 1 or layers < parts:
-        raise BubblecastError(f"cannot split {layers} layers into {parts} non-empty stages")
-    base, extra = divmod(layers, parts)
-    return tuple(base + (1 if i < extra else 0) for i in range(parts))
+    return spec
 
 
 @dataclass(frozen=True)
@@ -82,8 +47,13 @@ class Plan:
     partition: tuple[int, ...]
 
     @property
-    def info(self) -> ScheduleInfo:
+    def info(self) -> ScheduleSpec:
         return SCHEDULES[self.schedule]
+
+    @property
+    def shape(self) -> PipelineShape:
+        """The plan's schedule, stages, microbatches and chunks."""
+        return PipelineShape(self.schedule, self.stages, self.microbatches, self.chunks)
 
     @property
     def virtual_stages(self) -> int:
@@ -167,7 +137,7 @@ def check_plan(schedule: str, stages: int, microbatches: int, layers: int,
     return Plan(info.name, stages, chunks, microbatches, part)
 
 
-def _check_schedule_fit(info: ScheduleInfo, stages: int, m: int, chunks: int) -> None:
+def _check_schedule_fit(info: ScheduleSpec, stages: int, m: int, chunks: int) -> None:
     name = info.name
     if name == "1f1b" and m < stages:
         raise BubblecastError(f"--microbatches: 1f1b needs at least as many micro-batches as "

@@ -32,9 +32,64 @@ import numpy as np
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import OpGraph
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
-SPLIT_BACKWARD: frozenset[str] = frozenset({"zb-h1", "zb-h2"})
 KINDS: tuple[str, ...] = ("F", "B", "W")
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """One pipeline schedule and what can be done with it: THE schedule table's row.
+
+    ``simulable``: this module builds its op order (the simulator, replay and policies can time
+    it); ``torch_class``: its class in ``torch.distributed.pipelining`` (None: torch does not
+    ship it, so the runtime cannot run it); ``multi``: the torch class takes a list of stages
+    (``PipelineScheduleMulti``); ``style``: ``"loop"`` (virtual stage ``v`` on rank
+    ``v % P``) or ``"v"`` (rank ``r`` holds ``r`` and ``2P - 1 - r``); ``split_backward``:
+    backward split into input (B) and weight (W) passes; ``multi_chunk``: may run more than one
+    model chunk per rank; ``default_chunks``: chunks per rank when none is given;
+    ``aliases``: other names it is known by (torch class names, lower case, no separators).
+    """
+
+    name: str
+    simulable: bool
+    torch_class: str | None
+    multi: bool
+    style: str
+    split_backward: bool
+    multi_chunk: bool
+    default_chunks: int
+    aliases: tuple[str, ...] = ()
+
+
+#: Every schedule bubblecast knows. A new schedule gets a row here (and a builder below when
+#: it is simulable).
+SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
+    ScheduleSpec("gpipe", True, "ScheduleGPipe", False, "loop", False, False, 1,
+                 ("schedulegpipe",)),
+    ScheduleSpec("1f1b", True, "Schedule1F1B", False, "loop", False, False, 1,
+                 ("schedule1f1b",)),
+    ScheduleSpec("interleaved", True, "ScheduleInterleaved1F1B", True, "loop", False, True, 2,
+                 ("interleaved1f1b", "scheduleinterleaved1f1b")),
+    ScheduleSpec("zb-h1", True, "ScheduleInterleavedZeroBubble", True, "loop", True, False, 1,
+                 ("zbh1",)),
+    ScheduleSpec("zb-h2", True, None, False, "loop", True, False, 1, ("zbh2",)),
+    ScheduleSpec("zb-interleaved", False, "ScheduleInterleavedZeroBubble", True, "loop", True,
+                 True, 2, ("interleaved-zb", "interleavedzerobubble",
+                           "scheduleinterleavedzerobubble")),
+    ScheduleSpec("zbv", False, "ScheduleZBVZeroBubble", True, "v", True, True, 2,
+                 ("zbvzerobubble", "schedulezbvzerobubble")),
+    ScheduleSpec("dualpipev", False, "ScheduleDualPipeV", True, "v", True, True, 2,
+                 ("scheduledualpipev",)),
+)}  # fmt: skip
+#: Names of the schedules this module builds (the simulator's ``--schedule`` choices).
+SIMULABLE: tuple[str, ...] = tuple(n for n, s in SCHEDULES.items() if s.simulable)
+SPLIT_BACKWARD: frozenset[str] = frozenset(n for n in SIMULABLE if SCHEDULES[n].split_backward)
+_ALIASES: dict[str, str] = {a: s.name for s in SCHEDULES.values() for a in (s.name, *s.aliases)}
+
+
+def lookup_schedule(name: str) -> ScheduleSpec | None:
+    """The schedule called ``name`` (its name or an alias, any case), or None."""
+    key = _ALIASES.get(str(name).strip().lower())
+    return None if key is None else SCHEDULES[key]
 
 
 class Op(NamedTuple):
@@ -90,14 +145,14 @@ class ScheduleGraph:
 
 
 def _check(name: str, stages: int, microbatches: int, chunks: int) -> None:
-    if name not in SCHEDULES:
+    if name not in SIMULABLE:
         raise BubblecastError(f"--schedule: unknown schedule '{name}' "
-                              f"(known: {', '.join(SCHEDULES)})")
+                              f"(known: {', '.join(SIMULABLE)})")
     for field, value in (("--stages", stages), ("--microbatches", microbatches),
                          ("--chunks", chunks)):
         if int(value) != value or value < 1:
             raise BubblecastError(f"{field}: must be a positive integer, got {value}")
-    if chunks != 1 and name != "interleaved":
+    if chunks != 1 and not SCHEDULES[name].multi_chunk:
         raise BubblecastError(f"--chunks: only the interleaved schedule has model chunks "
                               f"(got --chunks {chunks} with {name})")
     if name == "interleaved" and stages > 1 and microbatches % stages:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim.shape import even_partition
 
 #: Default W share of a parameter-holding layer's backward when the source gives no split.
 WEIGHT_FRACTION = 1 / 3
@@ -235,15 +236,6 @@ def load_workload(spec: str, *, f: float = 1.0, b: float = 1.0, w: float = 1.0,
                 from None
         return Workload.from_json(obj, str(path))
     return read_pipedream(path)
-
-
-def even_partition(layers: int, parts: int) -> list[int]:
-    """``layers`` split into ``parts`` consecutive blocks, the first ones one larger."""
-    if layers < parts:
-        raise BubblecastError(f"--partition: {layers} layers cannot fill {parts} stages "
-                              f"with at least one layer each")
-    base, extra = divmod(layers, parts)
-    return [base + (i < extra) for i in range(parts)]
 
 
 def expand_partition(partition: Sequence[int], layers: int, stages: int,

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import NoOp, Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
-from bubblecast.policy.pipeline import Pipeline, predicted_step
 from bubblecast.policy.policies import (
     PolicyState,
     PredictivePolicy,
@@ -21,8 +20,9 @@ from bubblecast.policy.policies import (
     make_policy,
     viterbi,
 )
+from bubblecast.sim.steptime import predicted_step, timing_shape
 
-PIPE = Pipeline("1f1b", stages=4, microbatches=8)
+PIPE = timing_shape("1f1b", stages=4, microbatches=8)
 COSTS = np.tile([[0.01, 0.01, 0.005]], (16, 1))  # 16 equal layers, seconds per microbatch
 CHEAP = MigrationCost(np.full(16, 1e6), MigrationConstants(bandwidth_Bps=1e10, fixed_pause_s=0.01))
 

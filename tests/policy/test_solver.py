@@ -14,11 +14,11 @@ from bubblecast.policy.solver import (
     PartitionProblem,
     bottleneck_of,
     candidates,
-    even_partition,
     min_bottleneck,
     solve,
     stage_work,
 )
+from bubblecast.sim.shape import even_partition
 
 
 def compositions(layers: int, stages: int):
@@ -159,5 +159,6 @@ def test_an_unreachable_bottleneck_limit_is_refused():
 
 
 def test_even_partition():
-    assert even_partition(10, 4) == (2, 2, 3, 3)
+    # One convention everywhere (sim.shape): the first stages take the extra layers.
+    assert even_partition(10, 4) == (3, 3, 2, 2)
     assert even_partition(8, 4) == (2, 2, 2, 2)

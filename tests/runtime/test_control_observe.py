@@ -9,7 +9,6 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
-from bubblecast.policy.pipeline import Pipeline
 from bubblecast.policy.policies import PolicyState, PredictivePolicy, ReactivePolicy
 from bubblecast.runtime.control.config import ControllerConfig, make_policy
 from bubblecast.runtime.control.forecasters import load_forecaster
@@ -21,6 +20,7 @@ from bubblecast.runtime.control.observe import (
     since_last_move,
     window_speed,
 )
+from bubblecast.sim.steptime import timing_shape as Pipeline
 
 
 def test_robust_speeds_drop_isolated_spikes_and_stay_causal() -> None:

@@ -11,8 +11,10 @@ from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.schedules import (
     SCHEDULES,
+    SIMULABLE,
     build_graph,
     build_schedule,
+    lookup_schedule,
     schedule_graph,
     to_torch_actions,
 )
@@ -156,7 +158,7 @@ def test_bad_input_is_a_one_line_error(name, kwargs, match):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("name", SIMULABLE)
 def test_torch_action_strings(name):
     v = 2 if name == "interleaved" else 1
     sched = build_schedule(name, 4, 8, v)
@@ -197,3 +199,17 @@ def test_matches_torch_generators():
         theirs = sch._get_1f1b_rank_ops(1, p, warm, m - warm, warm, r, lambda s, r=r: r,
                                         lambda s, r=r: r, r, enable_zero_bubble=True)
         assert [str(a) for a in theirs if a is not None] == ours[r]
+
+
+def test_schedule_table_flags_agree_with_the_builders():
+    assert SIMULABLE == ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+    for name in SIMULABLE:
+        spec = SCHEDULES[name]
+        chunks = 2 if spec.multi_chunk else 1
+        built = build_schedule(name, 4, 8, chunks)
+        assert built.split_backward == spec.split_backward, name
+    assert lookup_schedule("ScheduleDualPipeV").name == "dualpipev"
+    assert lookup_schedule(" ZBH1 ").name == "zb-h1" and lookup_schedule("pipedream") is None
+    assert SCHEDULES["zb-h2"].torch_class is None and not SCHEDULES["zbv"].simulable
+    with pytest.raises(BubblecastError, match="only the interleaved schedule has model chunks"):
+        build_schedule("1f1b", 4, 8, 2)

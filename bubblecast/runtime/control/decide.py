@@ -157,8 +157,8 @@ class Decider:
 
     def state(self, plan: Any, current: tuple[int, ...], last_move: int | None) -> Any:
         """The policy's state now: robust speeds, costs, the plan, the migration cost."""
-        from bubblecast.policy.pipeline import Pipeline
         from bubblecast.policy.state import PolicyState
+        from bubblecast.sim.steptime import timing_shape as Pipeline
 
         h = self.history
         costs = h.costs()
