@@ -1,13 +1,16 @@
 """Model directories: ``model.json`` (kind, version, horizons, features, metrics) + native files.
 
 ``save_model`` writes a directory atomically (a temporary sibling renamed into place);
-``load_model`` reads one back, from a local directory or an MLflow ``models:/name@alias``
-(or ``runs:/``) URI. No pickle anywhere: LightGBM boosters are text, torch weights are loaded
-with ``weights_only=True``, everything else is JSON.
+``load_model`` reads one back, from a local directory or an MLflow ``models:/name@alias`` (or
+``runs:/``) URI (fetched by ``tracking.download_model``); ``log_model`` logs a directory to
+MLflow as a pyfunc model and registers it. No pickle anywhere: LightGBM boosters are text, torch
+weights are loaded with ``weights_only=True``, everything else is JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -149,3 +152,35 @@ def load_model(where: str | os.PathLike[str], tracking_uri: str | None = None) -
         except (TypeError, ValueError) as exc:
             raise BubblecastError(f"{where}: corrupt model file (dataset_config: {exc})") from None
     return model
+
+
+def log_model(mlflow: Any, model_dir: str | Path, sample: Any, registered_name: str | None,
+              alias: str | None) -> dict[str, Any]:
+    """Log the model directory as a pyfunc model (with signature); register and alias it."""
+    from mlflow.models import infer_signature
+
+    from bubblecast.forecast.tracking import pip_requirements, plain_frame
+
+    model = load_model(model_dir)
+    sample = plain_frame(sample.reset_index(drop=True))
+    signature = infer_signature(sample, plain_frame(model.predict(sample)))
+    code = Path(__file__).with_name("pyfunc_model.py")
+    with contextlib.redirect_stderr(io.StringIO()):  # "Successfully registered model ..."
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=str(code), artifacts={"model_dir": str(model_dir)},
+            signature=signature, pip_requirements=pip_requirements(model.kind),
+            registered_model_name=registered_name)
+    out: dict[str, Any] = {"model_uri": info.model_uri}
+    if registered_name:
+        version = getattr(info, "registered_model_version", None)
+        if version is None:
+            client = mlflow.MlflowClient()
+            version = max(int(v.version) for v in client.search_model_versions(
+                f"name='{registered_name}'"))
+        out.update({"name": registered_name, "version": int(version)})
+        if alias:
+            mlflow.MlflowClient().set_registered_model_alias(registered_name, alias, str(version))
+            out["uri"] = f"models:/{registered_name}@{alias}"
+        else:
+            out["uri"] = f"models:/{registered_name}/{version}"
+    return out

@@ -1,17 +1,18 @@
 """MLflow tracking and registry for ``train`` and ``evaluate`` (mlflow imported lazily).
 
-Tracking store: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else a SQLite file
-``mlflow.db`` in the working directory (:data:`DEFAULT_TRACKING_URI`; artifacts then go to
-``./mlruns``, MLflow's default for a database store). Models are logged as a pyfunc
-"model from code" (``pyfunc_model.py``) carrying the bubblecast model directory as an artifact,
-with a signature and explicit pip requirements (no environment inference, no pickle), then
-registered and addressed by alias, e.g. ``models:/bubblecast-forecaster@champion``.
+The model directory is logged by :func:`bubblecast.forecast.modeldir.log_model` and read back by
+:func:`download_model` (``modeldir.load_model`` of a ``models:/`` or ``runs:/`` URI); this
+module never imports ``modeldir``. Tracking store: ``--tracking-uri``, else
+``MLFLOW_TRACKING_URI``, else a SQLite file ``mlflow.db`` in the working directory
+(:data:`DEFAULT_TRACKING_URI`; artifacts then go to ``./mlruns``, MLflow's default for a
+database store). Models are logged as a pyfunc "model from code" (``pyfunc_model.py``) carrying
+the bubblecast model directory as an artifact, with a signature and explicit pip requirements
+(no environment inference, no pickle), then registered and addressed by alias, e.g.
+``models:/bubblecast-forecaster@champion``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,7 +75,8 @@ def metric_dict(table: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _requirements(kind: str) -> list[str]:
+def pip_requirements(kind: str) -> list[str]:
+    """Pinned pip requirements of a logged model of ``kind`` (installed versions)."""
     names = ["numpy", "pandas", "pyarrow", "scikit-learn"]
     names += {"lgbm": ["lightgbm"], "seq": ["torch"]}.get(kind, [])
     reqs = []
@@ -86,44 +88,12 @@ def _requirements(kind: str) -> list[str]:
     return reqs
 
 
-def _plain(frame: Any) -> Any:
+def plain_frame(frame: Any) -> Any:
     """Categorical columns as strings (MLflow schemas have no categorical type)."""
     import pandas as pd
 
     cats = [c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)]
     return frame.astype({c: str for c in cats}) if cats else frame
-
-
-def log_model(mlflow: Any, model_dir: str | Path, sample: Any, registered_name: str | None,
-              alias: str | None) -> dict[str, Any]:
-    """Log the model directory as a pyfunc model (with signature); register and alias it."""
-    from mlflow.models import infer_signature
-
-    from bubblecast.forecast.modeldir import load_model
-
-    model = load_model(model_dir)
-    sample = _plain(sample.reset_index(drop=True))
-    signature = infer_signature(sample, _plain(model.predict(sample)))
-    code = Path(__file__).with_name("pyfunc_model.py")
-    with contextlib.redirect_stderr(io.StringIO()):  # "Successfully registered model ..."
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=str(code), artifacts={"model_dir": str(model_dir)},
-            signature=signature, pip_requirements=_requirements(model.kind),
-            registered_model_name=registered_name)
-    out: dict[str, Any] = {"model_uri": info.model_uri}
-    if registered_name:
-        version = getattr(info, "registered_model_version", None)
-        if version is None:
-            client = mlflow.MlflowClient()
-            version = max(int(v.version) for v in client.search_model_versions(
-                f"name='{registered_name}'"))
-        out.update({"name": registered_name, "version": int(version)})
-        if alias:
-            mlflow.MlflowClient().set_registered_model_alias(registered_name, alias, str(version))
-            out["uri"] = f"models:/{registered_name}@{alias}"
-        else:
-            out["uri"] = f"models:/{registered_name}/{version}"
-    return out
 
 
 def download_model(uri: str, dest: str | Path, tracking_uri: str | None = None) -> Path:

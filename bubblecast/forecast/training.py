@@ -87,7 +87,8 @@ def _log_training(model: Any, out: str | os.PathLike[str], fit_frame: Any, test_
                   tracking_uri: str | None, register: str | None, alias: str | None
                   ) -> dict[str, Any]:
     from bubblecast.dataset.config import FEATURES_VERSION
-    from bubblecast.forecast.tracking import log_model, metric_dict, mlflow_run
+    from bubblecast.forecast.modeldir import log_model
+    from bubblecast.forecast.tracking import metric_dict, mlflow_run
 
     tags = {"bubblecast.command": "train", "bubblecast.kind": model.kind,
             "dataset_fingerprint": meta.fingerprint}

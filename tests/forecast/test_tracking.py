@@ -48,7 +48,7 @@ def test_registered_model_loads_by_alias_with_identical_predictions(features_fil
     assert {"model.json", "forecast_vs_actual.png"} <= artifacts
 
     # The pyfunc face gives the same numbers.
-    from bubblecast.forecast.tracking import _plain
+    from bubblecast.forecast.tracking import plain_frame as _plain
 
     pyfunc = mlflow.pyfunc.load_model("models:/bc-test@champion")
     out = pyfunc.predict(_plain(frame.head(20)))
