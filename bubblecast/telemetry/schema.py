@@ -44,6 +44,8 @@ OPTIONAL: dict[str, pa.DataType] = {
     "host": pa.string(),
     "device": pa.string(),
     "name": pa.string(),  # the op's name in the source format (e.g. a Megatron optype)
+    "speed": pa.float64(),  # the rank's ground-truth slowdown factor at that step (simulate)
+    "wait_s": pa.float64(),  # time the op waited before it started (Kineto importer)
 }
 COLUMNS: tuple[str, ...] = tuple(REQUIRED)
 #: Compute-op rows must be unique on these columns.
@@ -108,9 +110,3 @@ def decode_metadata(raw: bytes | None) -> dict[str, RunMeta]:
     if version != SCHEMA_VERSION:
         raise ValueError(f"unsupported schema_version {version!r} (this bubblecast reads 1)")
     return {str(r): RunMeta.from_json(m) for r, m in payload.get("runs", {}).items()}
-
-
-def arrow_schema(extra: dict[str, pa.DataType] | None = None) -> pa.Schema:
-    fields = [pa.field(n, t, nullable=False) for n, t in REQUIRED.items()]
-    fields += [pa.field(n, t) for n, t in (extra or {}).items()]
-    return pa.schema(fields)
