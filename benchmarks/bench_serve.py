@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from loadgen import load  # benchmarks/loadgen.py (this script's directory is on the path)
 
-from bubblecast.serve.loadgen import load
 from bubblecast.telemetry.io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from bubblecast.serve.loadgen import load
+from benchmarks.loadgen import load
 from tests.serve.conftest import fake_server
 from tests.serve.fakes import forecast_request, recommend_request, write_model_dir
 

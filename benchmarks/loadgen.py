@@ -7,6 +7,9 @@ requests and in wall time. With ``rate`` set the run is open-loop: request ``i``
 hide its queueing delay (no coordinated omission). The cyclic garbage collector is paused
 for the run (as ``timeit`` does): in a benchmark process that has imported MLflow and pandas a
 full collection takes 100+ ms, which would be charged to whichever requests were in flight.
+
+Benchmarks import it as ``loadgen`` (run as scripts, ``benchmarks/`` is on the path); tests as
+``benchmarks.loadgen`` (the repository root is on pytest's path).
 """
 
 from __future__ import annotations
