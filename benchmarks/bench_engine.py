@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from bubblecast.sim.engine import simulate
-from bubblecast.sim.reference import simulate_reference
 from bubblecast.sim.schedules import schedule_graph
 from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.telemetry.io import atomic_write_text, write_events
+from tests.oracles.sim_reference import simulate_reference
 
 CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)]
 

@@ -18,16 +18,9 @@ from bubblecast.errors import BubblecastError
 from bubblecast.sim.replay import ReplayModel, select_run
 from bubblecast.sim.replay_graph import lane_order
 from bubblecast.sim.slow_ranks import detect_slow_ranks
+from bubblecast.sim.steptime import observed_step_times, op_times
 from bubblecast.telemetry.events import Events
 from bubblecast.telemetry.schema import COMPUTE_OPS
-
-
-def _times(frame: pd.DataFrame, start: np.ndarray | None,
-           duration: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    s = frame["start_s"].to_numpy(np.float64) if start is None else np.asarray(start, float)
-    d = frame["duration_s"].to_numpy(np.float64) if duration is None else np.asarray(duration,
-                                                                                     float)
-    return s, s + d
 
 
 def rank_step_table(frame: pd.DataFrame, start: np.ndarray | None = None,
@@ -37,7 +30,7 @@ def rank_step_table(frame: pd.DataFrame, start: np.ndarray | None = None,
     Ranks are those with any op in the step; a (step, replica) with no compute op has no window
     and is left out. O(n) numpy when the rows are in lane order, one sort otherwise.
     """
-    s, e = _times(frame, start, duration)
+    s, e = op_times(frame, start, duration)
     step = frame["step"].to_numpy(np.int64)
     rank = frame["rank"].to_numpy(np.int64)
     order = lane_order(step, rank, s)
@@ -82,14 +75,6 @@ def bubble_fraction(table: pd.DataFrame) -> float:
     return float(table["idle_s"].sum()) / total if total > 0 else 0.0
 
 
-def step_times(frame: pd.DataFrame, start: np.ndarray | None = None,
-               duration: np.ndarray | None = None) -> pd.Series:
-    """SPEC step time per step: earliest start to latest end of any op on any rank."""
-    s, e = _times(frame, start, duration)
-    g = pd.DataFrame({"step": frame["step"].to_numpy(np.int64), "s": s, "e": e}).groupby("step")
-    return (g["e"].max() - g["s"].min()).rename("step_time_s")
-
-
 def stage_compute(frame: pd.DataFrame) -> pd.DataFrame:
     """Compute time per (step, stage), summed over replicas (steps as rows)."""
     comp = frame.loc[frame["op"].isin(COMPUTE_OPS), ["step", "stage", "duration_s"]]
@@ -104,7 +89,8 @@ def bottleneck_stage(frame: pd.DataFrame) -> int | None:
 
 def per_step_table(table: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
     """One row per step: step_time_s, window_s (mean over replicas), busy_s, idle_s,
-    bubble_fraction; from a :func:`rank_step_table` and :func:`step_times`."""
+    bubble_fraction; from a :func:`rank_step_table` and
+    :func:`~bubblecast.sim.steptime.observed_step_times`."""
     win = table.drop_duplicates(["step", "replica"]).groupby("step")["window_s"].mean()
     g = table.groupby("step")
     out = pd.DataFrame({"window_s": win, "busy_s": g["busy_s"].sum(), "idle_s": g["idle_s"].sum()})
@@ -116,7 +102,7 @@ def per_step_table(table: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
 def per_step(events: Events, run_id: str | None = None) -> pd.DataFrame:
     """:func:`per_step_table` of one run of ``events``."""
     _, ev = select_run(events, run_id)
-    return per_step_table(rank_step_table(ev.frame), step_times(ev.frame))
+    return per_step_table(rank_step_table(ev.frame), observed_step_times(ev.frame))
 
 
 def stage_step_idle(table: pd.DataFrame) -> pd.DataFrame:
@@ -184,7 +170,7 @@ def inspect_summary(events: Events, run_id: str | None = None) -> dict[str, Any]
     frame = ev.frame
     table = rank_step_table(frame)
     observed = bubble_fraction(table)
-    steps = step_times(frame)
+    steps = observed_step_times(frame)
     structural, note, comm = None, None, None
     try:
         model = ReplayModel(ev, run_id)

@@ -106,10 +106,6 @@ class ReplayResult:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.abs(self.replayed_step_s - self.observed_step_s) / self.observed_step_s
 
-    def step_table(self) -> pd.DataFrame:
-        return pd.DataFrame({"step": self.steps, "observed_s": self.observed_step_s,
-                             "replayed_s": self.replayed_step_s, "error": self.error})
-
 
 def select_run(events: Events, run_id: str | None = None) -> tuple[str, Events]:
     """The only run of ``events``, or ``run_id``; a one-line error otherwise."""

@@ -19,9 +19,9 @@ from bubblecast.sim.accounting import (
     per_step_table,
     rank_step_table,
     stage_step_idle,
-    step_times,
 )
 from bubblecast.sim.slow_ranks import SlowRankConfig, detect_slow_ranks
+from bubblecast.sim.steptime import observed_step_times
 from bubblecast.telemetry import RunMeta, from_frame, write_events
 from tests.sim.test_replay import COLUMNS, synthetic_run
 from tests.telemetry.strategies import valid_events
@@ -98,8 +98,8 @@ def test_step_time_covers_every_op_type():
     ev = synthetic_run("gpipe", 2, 2, replicas=2, steps=1, allreduce=5e-3)
     f = ev.frame
     end = (f["start_s"] + f["duration_s"]).max()
-    assert step_times(f).iloc[0] == pytest.approx(end - f["start_s"].min())
-    assert step_times(f).iloc[0] > rank_step_table(f)["window_s"].max()
+    assert observed_step_times(f).iloc[0] == pytest.approx(end - f["start_s"].min())
+    assert observed_step_times(f).iloc[0] > rank_step_table(f)["window_s"].max()
 
 
 def test_bottleneck_is_the_heaviest_stage():
@@ -137,7 +137,7 @@ def test_summary_has_every_spec_key_and_consistent_per_stage():
 def test_per_step_and_heatmap_tables():
     ev = synthetic_run("1f1b", 3, 4, replicas=2, steps=5, jitter=0.2)
     table = rank_step_table(ev.frame)
-    steps = per_step_table(table, step_times(ev.frame))
+    steps = per_step_table(table, observed_step_times(ev.frame))
     assert steps.equals(per_step(ev))
     assert list(steps["step"]) == [0, 1, 2, 3, 4]
     assert ((steps["bubble_fraction"] > 0) & (steps["bubble_fraction"] < 1)).all()

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bubblecast.sim.engine import OpGraph, simulate
-from bubblecast.sim.reference import simulate_reference
 from bubblecast.sim.schedules import SIMULABLE, schedule_graph
+from tests.oracles.sim_reference import simulate_reference
 
 
 @st.composite
