@@ -20,7 +20,7 @@ from bubblecast.runtime.control.observe import (
     since_last_move,
     window_speed,
 )
-from bubblecast.sim.steptime import timing_shape as Pipeline
+from bubblecast.sim.steptime import timing_shape
 
 
 def test_robust_speeds_drop_isolated_spikes_and_stay_causal() -> None:
@@ -98,7 +98,7 @@ def _closed_loop(policy: object, raw: np.ndarray, every: int = 10
             fc.history = seen if last is None else since_last_move(seen, np.array(
                 [[0]] * (last + 1) + [[1]] * (s - 1 - last)))
         state = PolicyState(t=s - 1, history=robust_speeds(seen, 5), partition=part,
-                            costs=costs, pipeline=Pipeline("1f1b", 2, 4, 1, 0.0),
+                            costs=costs, pipeline=timing_shape("1f1b", 2, 4, 1, 0.0),
                             migration=mig, last_action=last)
         action = policy.decide(state).action  # type: ignore[attr-defined]
         if isinstance(action, Repartition) and tuple(action.partition) != part:

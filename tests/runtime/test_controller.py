@@ -45,6 +45,14 @@ def flaky_forecaster() -> FlakyForecaster:
     return FlakyForecaster()
 
 
+def served_fake() -> object:
+    """A served model (the service tests' fake) behind the one model-to-speed adapter."""
+    from bubblecast.policy.speeds import ModelSpeeds
+    from tests.serve.fakes import ScaledLast
+
+    return ModelSpeeds(ScaledLast(), name="fake")
+
+
 # -- pure pieces --------------------------------------------------------------------------
 def test_pack_unpack_round_trip() -> None:
     samples = [{"layer": 2, "forward_s": 0.5, "total_s": 1.5},
@@ -76,6 +84,31 @@ def test_held_cost_follows_interleaved_placement() -> None:
     # 2 ranks x 2 chunks: virtual stage v runs on rank v % 2
     held = held_cost(np.array([[1, 2, 3, 4]]), np.ones(10), 2)
     assert held.tolist() == [[4.0, 6.0]]
+
+
+def test_decider_feeds_a_served_model_and_records_its_decision_as_is() -> None:
+    from bubblecast.runtime.control.decide import Decider
+    from bubblecast.runtime.plan import check_plan
+
+    every, layers = 5, 8
+    config = ControllerConfig(policy="predictive", every=every, forecaster=f"{__name__}:"
+                              "served_fake", policy_params={"min_history": 4})
+    plan = check_plan("1f1b", 2, 4, layers)
+    decider = Decider(config, plan, np.full(layers, 1e3))
+    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
+    for b in range(4):  # rank 1 three times slower than rank 0
+        rows = np.stack([pack([1.0] * every, every, samples, layers),
+                         pack([3.0] * every, every, samples, layers)])
+        decider.observe(rows, [(b * every + i, plan.partition, 4) for i in range(every)])
+    decision, record = decider.decide(plan, 4 * every, None)
+    assert decider.forecaster is not None and decider.forecaster.inner.window.steps == 20
+    assert decision.acts and decision.action.partition[0] > 4  # layers leave rank 1
+    assert record["action"] == decision.to_json()["action"] and record["step"] == 22
+    assert record["reason"] == decision.reason
+    assert record["predicted_step_s"] == decision.predicted_step_s is not None
+    assert record["predicted_migration_s"] == decision.migration_s
+    assert record["predicted_saving_s"] == pytest.approx(decision.predicted_saving_s)
+    assert record["speed_plan"][1] > record["speed_plan"][0]
 
 
 def test_deadline_runner_gives_up_and_refuses_while_busy() -> None:

@@ -115,6 +115,6 @@ def check_controllable(schedule: str, stages: int, microbatches: int, chunks: in
     if schedule not in CONTROLLABLE:
         raise BubblecastError(f"--schedule: the {config.policy} policy models "
                               f"{', '.join(CONTROLLABLE)}, not '{schedule}'")
-    from bubblecast.sim.steptime import timing_shape as Pipeline
+    from bubblecast.sim.steptime import timing_shape
 
-    Pipeline(schedule, stages, microbatches, chunks)
+    timing_shape(schedule, stages, microbatches, chunks)

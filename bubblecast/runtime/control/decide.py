@@ -30,7 +30,7 @@ from bubblecast.runtime.control.forecasters import (
     CachingForecaster,
     DeadlineRunner,
     ForecastUnavailable,
-    ModelSpeedForecaster,
+    ModelSpeeds,
     load_forecaster,
 )
 from bubblecast.runtime.control.observe import (
@@ -158,14 +158,14 @@ class Decider:
     def state(self, plan: Any, current: tuple[int, ...], last_move: int | None) -> Any:
         """The policy's state now: robust speeds, costs, the plan, the migration cost."""
         from bubblecast.policy.state import PolicyState
-        from bubblecast.sim.steptime import timing_shape as Pipeline
+        from bubblecast.sim.steptime import timing_shape
 
         h = self.history
         costs = h.costs()
         self._raw = h.speeds(costs)
         t = len(h) - 1
         last = None if last_move is None else t - (int(h.steps[-1]) - (last_move - 1))
-        pipe = Pipeline(plan.schedule, plan.stages, plan.microbatches, plan.chunks, 0.0)
+        pipe = timing_shape(plan.schedule, plan.stages, plan.microbatches, plan.chunks, 0.0)
         return PolicyState(t=t, history=robust_speeds(self._raw, self.config.smooth),
                            partition=current, costs=costs, pipeline=pipe,
                            migration=MigrationCost(self.param_bytes, self.constants),
@@ -189,7 +189,7 @@ class Decider:
         if self.forecaster is None:  # reactive
             return self.policy.decide(state), facts
         inner = self.forecaster.inner
-        if isinstance(inner, ModelSpeedForecaster):
+        if isinstance(inner, ModelSpeeds):
             inner.window = self._window(state)
         self.forecaster.last = None
         if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread

@@ -1,7 +1,8 @@
 """The predictive policy's forecaster in the live loop, each way failing into "keep the plan".
 
 - :func:`load_forecaster`: a trained model served in process
-  (:func:`bubblecast.forecast.served.load_served`: a model directory or ``models:/`` URI), a
+  (:func:`bubblecast.forecast.served.load_served`: a model directory or ``models:/`` URI,
+  through the one model-to-speed adapter :class:`bubblecast.policy.speeds.ModelSpeeds`), a
   ``module:factory`` import path, or the policy module's built-in trend forecaster.
 - :class:`DeadlineRunner`: runs a decision in a daemon thread and gives up after a deadline,
   so a slow forecaster never holds the training loop longer than that.
@@ -19,56 +20,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from bubblecast.errors import BubblecastError
+from bubblecast.policy.speeds import CachingForecaster, ForecastUnavailable, ModelSpeeds
 
-
-class ForecastUnavailable(Exception):
-    """No forecast (or service answer) in time, or none possible yet; the message says why."""
-
-
-class CachingForecaster:
-    """A ``SpeedForecaster`` that remembers its last answer (for the predicted saving)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = str(getattr(inner, "name", type(inner).__name__))
-        self.last: tuple[np.ndarray, np.ndarray] | None = None  # (horizons, (H, P, 3))
-
-    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
-        q = np.asarray(self.inner.forecast(state, horizons), dtype=np.float64)
-        self.last = (np.asarray(horizons), q)
-        return q
-
-
-class ModelSpeedForecaster:
-    """A served model (``predict_window``) as the policy's speed forecaster.
-
-    The decider sets :attr:`window` (a :class:`bubblecast.dataset.window.Window` of compute
-    seconds and layer cost held per step) before each decision; the conversion from the
-    model's delay signal to the policy's speed is the service's own
-    (:class:`bubblecast.serve.recommend.WindowSpeeds`).
-    """
-
-    def __init__(self, model: Any, name: str = "model") -> None:
-        self.model = model
-        self.name = name
-        self.window: Any = None
-
-    @property
-    def min_window(self) -> int:
-        return int(getattr(self.model, "min_window", 1))
-
-    def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
-        from bubblecast.serve.recommend import WindowSpeeds
-
-        w = self.window
-        if w is None or w.steps < self.min_window:
-            have = 0 if w is None else w.steps
-            raise ForecastUnavailable(f"model '{self.name}' needs {self.min_window} steps of "
-                                      f"history, has {have}")
-        return WindowSpeeds(self.model, w).forecast(state, horizons)
+__all__ = ["CachingForecaster", "DeadlineRunner", "ForecastUnavailable", "ModelSpeeds",
+           "check_model_source", "import_object", "load_forecaster"]
 
 
 def import_object(path: str, what: str = "forecaster") -> Any:
@@ -92,7 +48,7 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
         from bubblecast.forecast.served import check_model, load_served
 
         served, info = load_served(model)
-        fc = ModelSpeedForecaster(check_model(served), name=info.name)
+        fc = ModelSpeeds(check_model(served), name=info.name)
         return fc, f"model '{info.name}' version {info.version} from {model} (in process)"
     from bubblecast.policy.evaluate import BUILTIN_FORECASTER
     from bubblecast.runtime.control.observe import live_forecaster
