@@ -349,7 +349,7 @@ def render(doc: dict[str, Any], command: str | None = None) -> str:
         r = stages[name]
         body = [f"Skipped: {r['skipped']}."] if r.get("skipped") else section(r)
         parts.append("\n\n".join([f"## {k}. {title}", *body]))
-    made = [(f"`{path}`", by) for r in stages.values()
+    made = [(f"`{path}`", by if by.startswith("`") else f"`{by}`") for r in stages.values()
             for path, by in r.get("figures", {}).items()]
     parts.append("## Figures\n\nEvery figure above and what produced it:\n\n"
                  + _table(["figure", "produced by"], made))

@@ -73,5 +73,5 @@ def test_report_marks_skipped_stages_and_lists_figures():
            "stages": stages, "mlflow_ui": None, "serve": "bubblecast serve --model m"}
     text = render(doc, "bubblecast demo --quick")
     assert "## 6. Real Megatron-LM trace\n\nSkipped: no trace." in text
-    assert "| `megatron/inspect.png` | f() |" in text
+    assert "| `megatron/inspect.png` | `f()` |" in text
     assert "`bubblecast demo --quick` (seed 1)" in text and "MLflow UI" not in text
