@@ -240,3 +240,25 @@ def test_a_failing_or_hanging_forecaster_keeps_the_plan(
     ref = _reference_losses(steps)
     losses = list(s["losses"].values())
     assert np.allclose(losses, ref, rtol=0, atol=TOL)
+
+
+@pytest.mark.dist
+def test_run_asks_a_service_through_the_injected_decider(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``run --service``: the workers import the decider the CLI names (runtime never imports
+    serve) and record the service's decisions as they are."""
+    from tests.serve.conftest import fake_server
+    from tests.serve.fakes import write_model_dir
+
+    out = tmp_path / "svc.parquet"
+    with fake_server(write_model_dir(tmp_path / "model")) as (port, _):
+        code = main([*BASE[:-2], "--steps", "40", "--policy", "predictive", "--every", "5",
+                     "--inject", "rank=1,factor=3.0", "--service", f"http://127.0.0.1:{port}",
+                     "--forecast-timeout", "5", "--out", str(out), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["forecaster"] == f"service http://127.0.0.1:{port} (/v1/recommend)"
+    doc = json.loads((tmp_path / "svc.actions.json").read_text())
+    late = [d for d in doc["decisions"] if d["decided_after_step"] >= 30]  # live min_history
+    assert late and all(d["predicted_step_s"] is not None for d in late)
+    assert not any("keeping the current plan" in d["reason"] for d in doc["decisions"])
