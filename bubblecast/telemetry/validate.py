@@ -118,6 +118,9 @@ def _restore_optional_ints(frame: pd.DataFrame) -> pd.DataFrame:
     for col, dtype in _OPT_INT.items():
         if col not in frame.columns or pd.api.types.is_integer_dtype(frame[col].dtype):
             continue
+        kind = pd.api.types.infer_dtype(frame[col], skipna=True)
+        if kind not in ("integer", "floating", "mixed-integer-float", "empty"):
+            continue  # strings stay strings: refused as mistyped, never parsed
         values = pd.to_numeric(frame[col], errors="coerce")
         present = values.dropna()
         if present.size == frame[col].notna().sum() and (present == present.round()).all():

@@ -110,3 +110,117 @@ def test_concat_of_runs_with_and_without_tokens_round_trips(tmp_path):
     assert str(both.frame["tokens"].dtype) == "Int64"
     back = read_events(write_events(both, tmp_path / "mixed.parquet"))
     assert back.frame["tokens"].isna().sum() == 1
+
+
+def _simulated(tmp_path, name="e.parquet"):
+    from bubblecast.sim.simulator import SimConfig, simulate_events
+
+    config = SimConfig(schedule="1f1b", stages=4, microbatches=8, steps=50, scenario="jitter")
+    return write_events(simulate_events(config), tmp_path / name)
+
+
+def test_events_keep_their_types_and_dictionary_columns_in_parquet(tmp_path):
+    path = _simulated(tmp_path)
+    schema = pq.read_schema(path)
+    assert pa.types.is_dictionary(schema.field("op").type)
+    assert pa.types.is_dictionary(schema.field("run_id").type)
+    assert schema.field("rank").type == pa.int32() and schema.field("step").type == pa.int64()
+    assert schema.field("speed").type == pa.float64()
+    column = pq.read_metadata(path).row_group(0).column(schema.names.index("op"))
+    assert column.has_dictionary_page and column.compression == "LZ4"
+    back = read_events(path)
+    assert isinstance(back.frame["op"].dtype, pd.CategoricalDtype)
+    assert set(back.frame["op"].unique()) == {"F", "B"}
+
+
+def _corrupt_page(path, column: str = "start_s") -> None:
+    """Flip 64 bytes in the middle of ``column``'s first data page."""
+    meta = pq.read_metadata(path)
+    chunk = meta.row_group(0).column(meta.schema.names.index(column))
+    data = bytearray(path.read_bytes())
+    middle = chunk.data_page_offset + chunk.total_compressed_size // 2
+    for i in range(middle, middle + 64):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupted_page_is_an_error_naming_the_file(tmp_path, capsys):
+    from bubblecast.cli import main
+
+    path = _simulated(tmp_path)
+    before = pq.read_table(path).column("start_s").to_numpy()
+    _corrupt_page(path)
+    # Without verification the damage reads back as different numbers, silently...
+    after = pq.read_table(path).column("start_s").to_numpy()
+    assert (before != after).any()
+    # ...with it (read_events verifies the page checksums written) it is refused.
+    with pytest.raises(BubblecastError, match=r"e\.parquet: corrupted Parquet file \(page "
+                                              r"checksum mismatch"):
+        read_events(path)
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bubblecast: error: ") and str(path) in err
+    assert err.count("\n") == 1
+
+
+def test_stale_temporaries_of_killed_writers_are_removed_on_the_next_write(tmp_path):
+    import os
+
+    from bubblecast.telemetry.io import process_start_time, remove_stale_temporaries
+
+    old = process_start_time() - 60
+    stale = tmp_path / ".e.parquet.k1ll3d_x.tmp"  # what atomic_write leaves when killed
+    live = tmp_path / ".e.parquet.w0rk1ng_.tmp"  # another writer's, newer than this process
+    keep = [tmp_path / ".e.parquet.notes", tmp_path / "e.parquet.k1ll3d_x.tmp",
+            tmp_path / ".other.parquet.k1ll3d_x.tmp", tmp_path / ".e.parquet.toolong12.tmp.tmp"]
+    stale_dir = tmp_path / ".e.parquet.k1ll3d_d"
+    stale_dir.mkdir()
+    (stale_dir / "part-0.parquet").write_text("x")
+    for f in [stale, live, *keep]:
+        f.write_text("x" * 100)
+    for f in [stale, *keep, stale_dir]:
+        os.utime(f, (old, old))
+    _simulated(tmp_path)
+    assert not stale.exists()
+    assert live.exists() and all(f.exists() for f in keep)
+    assert stale_dir.exists()  # directories only when asked for (they may hold telemetry)
+    assert remove_stale_temporaries(tmp_path / "e.parquet", dirs=True) == [stale_dir]
+    assert not stale_dir.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["e.parquet", live.name, *(f.name for f in keep)])
+
+
+def _mistyped(tmp_path, column: str, name: str = "bad.parquet"):
+    """A simulated events file whose ``column`` holds strings."""
+    path = _simulated(tmp_path, "good.parquet")
+    table = pq.read_table(path)
+    if column not in table.column_names:  # wait_s: a Kineto importer column
+        table = table.append_column(column, pa.array(["0.001"] * table.num_rows))
+    else:
+        values = table.column(column).to_pandas().astype(str)
+        table = table.set_column(table.column_names.index(column), column, pa.array(values))
+    out = tmp_path / name
+    pq.write_table(table, out)
+    return out
+
+
+@pytest.mark.parametrize("column", ["speed", "wait_s", "duration_s", "step", "layers"])
+def test_a_string_column_is_a_schema_error_naming_it(tmp_path, column):
+    from bubblecast.telemetry import SchemaError
+
+    with pytest.raises(SchemaError, match=rf"bad\.parquet: column '{column}': expected"):
+        read_events(_mistyped(tmp_path, column))
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["whatif"], ["dataset", "--out", "{out}"],
+                                     ["policy-eval"]])
+def test_every_command_exits_2_on_a_string_speed_column(tmp_path, capsys, command):
+    from bubblecast.cli import main
+
+    path = _mistyped(tmp_path, "speed")
+    argv = [command[0], str(path)] + [a.format(out=tmp_path / "f.parquet") for a in command[1:]]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "column 'speed': expected float" in err and err.count("\n") == 1
