@@ -116,3 +116,28 @@ def _simple():
     frame = pd.DataFrame(rows, columns=["run_id", "step", "rank", "stage", "replica", "chunk",
                                         "microbatch", "op", "start_s", "duration_s"])
     return frame, {"r0": RunMeta(schedule="gpipe", stages=2, microbatches=2)}
+
+
+@pytest.mark.parametrize("step_scale", [1, 10**9, 2**60])
+def test_duplicates_are_found_whatever_the_key_range(step_scale):
+    """Dense keys are counted, sparse ones sorted, and keys over 63 bits lexsorted: all three
+    report the later row of the first duplicate pair."""
+    frame, runs = _simple()
+    frame["step"] = frame["step"] + step_scale * (np.arange(len(frame)) % 3)
+    frame["rank"] = frame["rank"] * (2**20 if step_scale == 2**60 else 1)
+    runs["r0"].stages = 2
+    assert len(from_frame(frame, dict(runs))) == len(frame)  # distinct keys: valid
+    bad = pd.concat([frame.iloc[:6], frame.iloc[[2]], frame.iloc[6:], frame.iloc[[1]]],
+                    ignore_index=True)
+    with pytest.raises(SchemaError, match="duplicate compute op") as info:
+        from_frame(bad, dict(runs))
+    assert info.value.row == 6
+
+
+def test_large_integers_that_do_not_fit_int32_are_refused():
+    frame, runs = _simple()
+    frame["rank"] = frame["rank"].astype("int64")
+    frame.loc[5, "rank"] = 2**31
+    with pytest.raises(SchemaError, match="does not fit int32") as info:
+        from_frame(frame, runs)
+    assert info.value.row == 5
