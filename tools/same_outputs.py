@@ -5,8 +5,10 @@ Runs the commands below twice: once with the code of a BEFORE git ref (checked o
 code runs) and once with the current working tree; then compares the JSON on stdout, the exit
 codes, the first stderr line of refused inputs, the JSON files written, the Parquet files written
 (rows sorted, pandas equality, plus the ``bubblecast`` key-value metadata) and the model
-directories' text files. It prints one row per command: same or different, with the first key
-that differs. Exit 0 when all are equal, 1 otherwise. No network, nothing outside the repository.
+directories' text files. It prints one row per command: same, same+added (JSON keys only the
+new code writes, which the SPEC allows) or DIFFERENT, with the first key that differs. Exit 0
+when nothing is DIFFERENT (with --strict: nor added), 1 otherwise. No network, nothing outside
+the repository.
 
     .venv/bin/python tools/same_outputs.py                 # e6fc373 (before issue 12) vs tree
     .venv/bin/python tools/same_outputs.py --before HEAD~3 --only inspect -v
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib import error as urlerror
 from urllib import request as urlrequest
+
+from output_diff import first_difference  # tools/output_diff.py, next to this script
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BEFORE = "e6fc373"
@@ -240,80 +244,19 @@ def _serve_probe(args: list[str], side: Path, out: Path, python: str,
     return Result(rc, replies, lines[-1] if rc and lines else "", {}, time.monotonic() - t0)
 
 
-def first_difference(a: Any, b: Any, key: str = "") -> str | None:
-    """The first key path where ``a`` and ``b`` differ, with both values; None when equal."""
-    import pandas as pd
-
-    if isinstance(a, pd.DataFrame) and isinstance(b, pd.DataFrame):
-        return _frame_difference(a, b, key)
-    if type(a) is not type(b) and not (_is_num(a) and _is_num(b)):
-        return f"{key or '<root>'}: {_short(a)} != {_short(b)}"
-    if isinstance(a, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if k not in a or k not in b:
-                return f"{key}.{k}: {'missing before' if k not in a else 'missing after'}"
-            diff = first_difference(a[k], b[k], f"{key}.{k}" if key else str(k))
-            if diff:
-                return diff
-        return None
-    if isinstance(a, list):
-        for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            diff = first_difference(x, y, f"{key}[{i}]")
-            if diff:
-                return diff
-        if len(a) != len(b):
-            return f"{key}: length {len(a)} != {len(b)}"
-        return None
-    if a != b and not (a != a and b != b):  # NaN equals NaN here
-        return f"{key or '<root>'}: {_short(a)} != {_short(b)}"
-    return None
-
-
-def _is_num(x: Any) -> bool:  # noqa: D103 - ints and floats compare across types
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _frame_difference(a: Any, b: Any, key: str) -> str | None:
-    """Row-order-free equality of two tables: same columns, dtypes and sorted rows."""
-    if list(a.columns) != list(b.columns):
-        gone = [c for c in a.columns if c not in b.columns]
-        new = [c for c in b.columns if c not in a.columns]
-        return f"{key} columns: removed {gone}, added {new}, or reordered"
-    if len(a) != len(b):
-        return f"{key}: {len(a)} rows != {len(b)} rows"
-    cols = list(a.columns)
-    try:
-        a = a.sort_values(cols, kind="mergesort").reset_index(drop=True)
-        b = b.sort_values(cols, kind="mergesort").reset_index(drop=True)
-    except TypeError:  # unsortable cells (lists, mixed types): compare in written order
-        a, b = a.reset_index(drop=True), b.reset_index(drop=True)
-    for c in cols:
-        if a[c].dtype != b[c].dtype:
-            return f"{key}[{c}] dtype: {a[c].dtype} != {b[c].dtype}"
-        if not a[c].equals(b[c]):
-            bad = a[c].ne(b[c]) & ~(a[c].isna() & b[c].isna())
-            i = int(bad.to_numpy().nonzero()[0][0]) if bad.any() else 0
-            return f"{key}[{c}] row {i}: {_short(a[c].iloc[i])} != {_short(b[c].iloc[i])}"
-    return None
-
-
-def compare(before: Result, after: Result) -> str | None:
-    """The first difference between two sides of one command, or None when they agree."""
+def compare(before: Result, after: Result, added: list[str]) -> str | None:
+    """The first difference between two sides of one command, or None when they agree; JSON
+    keys only the after side has go to ``added``."""
     if before.rc != after.rc:
         return f"exit code: {before.rc} != {after.rc} ({after.stderr_line or before.stderr_line})"
     for name, a, b in (("stdout", before.stdout, after.stdout),
                        ("stderr", before.stderr_line, after.stderr_line)):
-        diff = first_difference(a, b)
+        diff = first_difference(a, b, "", added)
         if diff:
             return f"{name} {diff}"
     for path in before.files:
         diff = first_difference(before.files[path], after.files[path],
-                                path.replace("{out}/", ""))
+                                path.replace("{out}/", ""), added)
         if diff:
             return diff
     return None
@@ -356,6 +299,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tree of the new code (default: this working tree)")
     p.add_argument("--only", default="", help="only commands whose name contains this")
     p.add_argument("--keep", type=Path, help="write outputs here and keep them")
+    p.add_argument("--strict", action="store_true",
+                   help="count JSON keys only the after side has as differences too")
     p.add_argument("-v", "--verbose", action="store_true", help="log each command as it runs")
     return p.parse_args(argv)
 
@@ -384,12 +329,18 @@ def main(argv: list[str] | None = None) -> int:
                            check=False)
     rows = []
     for case in todo:
-        diff = compare(before[case.name], after[case.name])
-        rows.append((case.name, "same" if diff is None else "DIFFERENT", diff or ""))
+        added: list[str] = []
+        diff = compare(before[case.name], after[case.name], added)
+        if diff is None and added:
+            rows.append((case.name, "same+added", "added keys: " + ", ".join(added)))
+        else:
+            rows.append((case.name, "same" if diff is None else "DIFFERENT", diff or ""))
     print(table(rows))
-    n_diff = sum(r[1] != "same" for r in rows)
-    print(f"\n{len(rows) - n_diff} same, {n_diff} different; before={args.before}, "
-          f"after={args.after}; {time.monotonic() - t0:.0f}s")
+    bad = ("DIFFERENT", "same+added") if args.strict else ("DIFFERENT",)
+    n_diff = sum(r[1] in bad for r in rows)
+    n_added = sum(r[1] == "same+added" for r in rows)
+    print(f"\n{len(rows) - n_diff} same ({n_added} of them with added keys), {n_diff} different; "
+          f"before={args.before}, after={args.after}; {time.monotonic() - t0:.0f}s")
     return 1 if n_diff else 0
 
 
