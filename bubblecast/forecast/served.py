@@ -347,14 +347,22 @@ def run_metrics(name: str, version: str, tracking_uri: str | None) -> dict[str, 
 def load_served(source: str, *, loader: ModelLoader | None = None,
                 tracking_uri: str | None = None) -> tuple[ForecastModel, ModelInfo]:
     """Load ``source`` (a model directory, ``models:/name@alias`` or ``models:/name/N``) as a
-    served model with its facts. An alias is resolved to a version first and that exact
-    version loaded, so the version reported is the one served even if the alias moves."""
+    served model with its facts; one-line BubblecastError when it is none of these."""
     uri = str(source)
-    load = loader or (lambda u: default_loader(u, tracking_uri=tracking_uri))
     registry = parse_uri(uri)
+    if registry is None and not Path(uri).is_dir():
+        raise BubblecastError(f"--model: {uri} is not a model directory or a models:/ URI")
+    return load_parsed(uri, registry, loader=loader, tracking_uri=tracking_uri)
+
+
+def load_parsed(uri: str, registry: tuple[str, str | None, str | None] | None, *,
+                loader: ModelLoader | None = None, tracking_uri: str | None = None
+                ) -> tuple[ForecastModel, ModelInfo]:
+    """:func:`load_served` of an already parsed source (``registry``: :func:`parse_uri`'s
+    answer). An alias is resolved to a version first and that exact version loaded, so the
+    version reported is the one served even if the alias moves during the load."""
+    load = loader or (lambda u: default_loader(u, tracking_uri=tracking_uri))
     if registry is None:
-        if not Path(uri).is_dir():
-            raise BubblecastError(f"--model: {uri} is not a model directory or a models:/ URI")
         try:  # a directory has no version number: its model.json's content names it
             version = hashlib.sha256((Path(uri) / "model.json").read_bytes()).hexdigest()[:12]
         except OSError:

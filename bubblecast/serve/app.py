@@ -239,16 +239,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(predictor: Predictor | None = None, *, source: str | None = None,
-               config: ServeConfig | None = None,
-               load: Callable[[], Predictor] | None = None) -> FastAPI:
-    """The service app. Give a loaded ``predictor``, or ``load`` (called in a thread at
-    start-up; ``/readyz`` says 503 until it returns). ``source`` is only reported."""
+def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] | None
+              ) -> Any:
+    """Start-up and shut-down: load the model in a thread when asked to, watch its source."""
     from contextlib import asynccontextmanager
-
-    config = config or ServeConfig()
-    metrics = Metrics(ROUTES)
-    svc = Service(predictor, metrics)
 
     def start_watch() -> None:
         pred = svc.predictor
@@ -285,9 +279,11 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
         if svc.watcher is not None:
             svc.watcher.stop()
 
-    app = FastAPI(title="bubblecast", version=__version__, lifespan=lifespan,
-                  description="Forecasts of pipeline-stage delays and recommended actions.")
-    app.state.service = svc
+    return lifespan
+
+
+def _routes(app: FastAPI, svc: Service, metrics: Metrics) -> None:
+    """Error handlers, the two prediction routes and the probes."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -331,6 +327,10 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
         return PlainTextResponse(metrics.render(),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def _model_routes(app: FastAPI, svc: Service, source: str | None) -> None:
+    """``/v1/model`` and ``/v1/admin/reload``."""
+
     @app.get("/v1/model", response_model=ModelInfoResponse)
     async def model_info() -> Response:
         """Name, version, alias, source and training metrics of the model served."""
@@ -360,6 +360,23 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
             return Response(error_body(f"reload failed, previous model kept: {exc}", "model"),
                             status_code=409, media_type=JSON)
         return await model_info()
+
+
+def create_app(predictor: Predictor | None = None, *, source: str | None = None,
+               config: ServeConfig | None = None,
+               load: Callable[[], Predictor] | None = None) -> FastAPI:
+    """The service app. Give a loaded ``predictor``, or ``load`` (called in a thread at
+    start-up; ``/readyz`` says 503 until it returns). ``source`` is only reported."""
+    config = config or ServeConfig()
+    metrics = Metrics(ROUTES)
+    svc = Service(predictor, metrics)
+
+    app = FastAPI(title="bubblecast", version=__version__, lifespan=_lifespan(svc, config, load),
+                  description="Forecasts of pipeline-stage delays and recommended actions.")
+    app.state.service = svc
+
+    _routes(app, svc, metrics)
+    _model_routes(app, svc, source)
 
     def fast_forecast(body: bytes) -> bytes | None:
         """``/v1/forecast`` for a valid request; None (the route answers) on anything else."""

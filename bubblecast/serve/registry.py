@@ -1,7 +1,7 @@
 """Hot reload of the served model from a local model directory or the MLflow registry.
 
 ``ModelSource(uri)`` loads ``uri`` (a directory, ``models:/name@alias`` or ``models:/name/N``)
-with :func:`bubblecast.forecast.served.load_served` and reports a *fingerprint* that changes
+with :func:`bubblecast.forecast.served.load_parsed` and reports a *fingerprint* that changes
 when the source would now load something else: the version an alias points to, or the
 modification time of a directory's ``model.json``.
 :class:`SourceWatcher` polls the fingerprint in a daemon thread and reloads when it moves.
@@ -23,7 +23,7 @@ from bubblecast.forecast.served import (
     ModelInfo,
     ModelLoader,
     alias_version,
-    load_served,
+    load_parsed,
     parse_uri,
 )
 
@@ -61,7 +61,8 @@ class ModelSource:
 
     def load(self) -> tuple[ForecastModel, ModelInfo]:
         """Load the model the source points to now, with the facts ``/v1/model`` reports."""
-        return load_served(self.uri, loader=self.loader, tracking_uri=self.tracking_uri)
+        return load_parsed(self.uri, self.registry, loader=self.loader,
+                           tracking_uri=self.tracking_uri)
 
 
 class SourceWatcher:
