@@ -31,7 +31,9 @@ import pandas as pd
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
-from bubblecast.sim.schedules import SPLIT_BACKWARD, _check, schedule_graph
+from bubblecast.sim.schedules import _check
+from bubblecast.sim.shape import PipelineShape
+from bubblecast.sim.steptime import shape_graph
 from bubblecast.sim.workload import (
     PartitionSpec,
     Workload,
@@ -98,6 +100,12 @@ class SimConfig:
         return [f"{self.run_id}-{k}" for k in range(self.runs)]
 
     @property
+    def shape(self) -> PipelineShape:
+        """The simulated pipeline's shape (``comm`` in seconds)."""
+        return PipelineShape(self.schedule, self.stages, self.microbatches, self.chunks,
+                             self.comm / 1000.0)
+
+    @property
     def base_seed(self) -> int:
         """``seed``, or the seed of a :class:`Scenario` instance given as ``scenario``."""
         return int(self.scenario.seed if isinstance(self.scenario, Scenario) else self.seed)
@@ -130,7 +138,7 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload,
         per_stage = stage_costs(workload, np.array([[workload.n_layers]]))[0, 0] / p
         workload = workload.with_extra_last(tuple(draw.last_stage_extra * per_stage))
     costs = stage_costs(workload, parts)  # (steps, S, 3)
-    if config.schedule not in SPLIT_BACKWARD:
+    if not config.shape.split_backward:
         costs[..., 1] += costs[..., 2]
     base = costs[:, sg.virtual_stage, sg.kind]  # (steps, ops)
     speed = draw.speed.reshape(steps, replicas, p)
@@ -150,7 +158,7 @@ def _partition_steps(parts: np.ndarray) -> list[list[Any]]:
 
 def simulate_events(config: SimConfig) -> Events:
     """Simulate ``config`` and return the events of its ``runs`` runs (see the module doc)."""
-    sg = schedule_graph(config.schedule, config.stages, config.microbatches, config.chunks)
+    sg = shape_graph(config.shape)
     p, v, steps, replicas = config.stages, config.chunks, config.steps, config.replicas
     base_workload = config.workload()
     parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v)
