@@ -176,3 +176,30 @@ def test_forecast_json_is_the_bytes_of_the_response_model(predictor, seed):
     req = forecast_request(seed=seed, slow_stage=seed, horizons=(1, 2 + seed))
     req["ranks"] = req["ranks"][::-1]  # ranks out of stage order
     assert predictor.forecast_json(req) == predictor.forecast(req).model_dump_json().encode()
+
+
+def test_recommend_records_the_policys_decision_as_it_is(monkeypatch):
+    """The response carries the Decision's numbers and reason, not numbers of its own."""
+    from bubblecast.policy.decision import Decision
+    from bubblecast.policy.policies import PredictivePolicy
+
+    decision = Decision(Repartition((5, 3, 4, 4)), 2.0, 1.5, 0.25, "the policy's own reason")
+    monkeypatch.setattr(PredictivePolicy, "decide", lambda self, state: decision)
+    req = recommend_request(stages=4, slow_stage=3)
+    req["policy"] = {"horizon": 64}
+    out = make().recommend(req)
+    assert action_from_json(out.action) == decision.action
+    assert (out.step_time_s, out.step_time_with_action_s, out.migration_s) == (2.0, 1.5, 0.25)
+    assert out.saving_s == (2.0 - 1.5) * 64 - 0.25
+    assert out.reason == "the policy's own reason"
+
+
+def test_recommend_fills_in_the_step_time_when_the_policy_kept_the_plan_early():
+    """Holding after a move, the policy predicts nothing; the service adds the current plan's
+    predicted step time (with and without the action equal, no migration)."""
+    req = recommend_request(stages=4, slow_stage=3)
+    req["steps_since_action"] = 1
+    out = make().recommend(req)
+    assert "holding" in out.reason and out.action["action"] == "noop"
+    assert out.step_time_s > 0 and out.step_time_with_action_s == out.step_time_s
+    assert out.migration_s == 0.0 and out.saving_s == 0.0
