@@ -68,8 +68,17 @@ def test_same_inspect_answers(summaries):
 def test_cli_whatif_accepts_the_timeline(capsys):
     assert main(["whatif", str(MEGATRON_TIMELINE), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["bottleneck_stage"] == 3
+    assert out["bottleneck_stage"] == 3 and out["timing"] == "host"
     assert out["scenarios"]["fix_bottleneck"]["speedup"] > 1.05
+
+
+def test_dataset_and_policy_eval_json_say_the_timing(tmp_path, capsys):
+    assert main(["dataset", str(MEGATRON_TIMELINE), "--out", str(tmp_path / "f.parquet"),
+                 "--windows", "5,10", "--horizons", "1", "--lags", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["timing"] == "host"
+    assert main(["policy-eval", str(MEGATRON_TIMELINE), "--policies", "static,reactive",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["timing"] == "host"
 
 
 def test_a_timeline_without_megatron_thread_names_is_refused(tmp_path):
