@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
+
+if TYPE_CHECKING:  # annotations only: importing bubblecast.dataset loads pandas
+    from bubblecast.dataset.window import Window
 
 
 class ForecastUnavailable(Exception):
