@@ -33,24 +33,27 @@ _EXPORTS: dict[str, str] = {
     "read_events": "bubblecast.telemetry.io:read_events",
     "write_events": "bubblecast.telemetry.io:write_events",
     "load_events": "bubblecast.telemetry.importers:load_events",
+    # policies, evaluated offline (policy-eval)
+    "Policy": "bubblecast.policy.api:Policy",
+    "evaluate_policies": "bubblecast.policy.api:evaluate_policies",
     # simulation
     "SimConfig": "bubblecast.sim.simulator:SimConfig",
     "simulate_events": "bubblecast.sim.simulator:simulate_events",
 }
 # Reserved: "record" -> "bubblecast.runtime.record:record" (issue 17, the telemetry API for
 # your own torch pipeline), exported once that module exists.
-# Reserved: "Policy", "evaluate_policies" -> "bubblecast.policy.api" once it exists.
 
 __all__ = [
-    "BubbleAnalysis", "BubbleForecast", "BubblecastError", "DatasetConfig", "Events", "RunMeta",
-    "SimConfig", "Window", "__version__", "load_events", "read_events", "simulate_events",
-    "write_events",
+    "BubbleAnalysis", "BubbleForecast", "BubblecastError", "DatasetConfig", "Events", "Policy",
+    "RunMeta", "SimConfig", "Window", "__version__", "evaluate_policies", "load_events",
+    "read_events", "simulate_events", "write_events",
 ]  # fmt: skip
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; nothing is imported at run time
     from bubblecast.dataset.config import DatasetConfig
     from bubblecast.dataset.window import Window
     from bubblecast.forecast.facade import BubbleForecast
+    from bubblecast.policy.api import Policy, evaluate_policies
     from bubblecast.sim.analysis import BubbleAnalysis
     from bubblecast.sim.simulator import SimConfig, simulate_events
     from bubblecast.telemetry.events import Events

@@ -215,3 +215,11 @@ def test_forecast_evaluate_is_the_evaluate_json(fleet, tmp_path, capsys):
                          "--no-track")
     assert _plain(single.evaluate(events)) == expected
     assert "lgbm" in expected["models"]
+
+
+def test_policy_api_is_exported():
+    from bubblecast.policy import api
+
+    assert bubblecast.Policy is api.Policy
+    assert bubblecast.evaluate_policies is api.evaluate_policies
+    assert bubblecast.Policy.predictive(horizon=32).get_params()["horizon"] == 32
