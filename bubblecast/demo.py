@@ -256,26 +256,24 @@ def forecast_eval(demo: Demo) -> dict[str, Any]:
 
 
 def policy_eval(demo: Demo) -> dict[str, Any]:
-    """Replay the held-out runs under each policy (``bubblecast policy-eval``); the
-    predictive policy forecasts with the champion model."""
+    """Replay the held-out runs under each policy (``evaluate_policies``, what ``bubblecast
+    policy-eval`` runs); the predictive policy forecasts with the champion model."""
+    from bubblecast import evaluate_policies
     from bubblecast.demo_report import dumps
-    from bubblecast.forecast.modeldir import load_model
-    from bubblecast.policy.evaluate import evaluate_events, plot_traces
     from bubblecast.telemetry.io import atomic_write_text
 
     names = list(demo.config.policies)
-    full, traces = evaluate_events(demo.memo["heldout"], names,
-                                   model=load_model(champion_dir(demo)))
-    reports = list(full["runs"].values())
-    best = sorted(reports, key=lambda r: -(r["oracle_gain"] or 0.0))[:4]
-    plot_traces({r["run_id"]: traces[r["run_id"]] for r in best},
-                demo.dir("policy_eval") / "policies.png")
+    result = evaluate_policies(demo.memo["heldout"], policies=names,
+                               forecaster=str(champion_dir(demo)))
+    result.plot(demo.dir("policy_eval") / "policies.png")
+    full = result.to_json()
     atomic_write_text(demo.out / "policy_eval" / "policy_eval.json", dumps(full))
-    return {"policies": full["policies"], "runs": len(reports), "model": champion_dir(demo).name,
-            "speedup_per_run": {r["run_id"]: {n: r["policies"][n]["speedup_vs_static"]
-                                              for n in names} for r in reports},
-            "figures": {"policy_eval/policies.png": "`bubblecast policy-eval --plot` "
-                                                    "(policy.evaluate.plot_traces)"}}
+    return {"policies": full["policies"], "runs": len(full["runs"]),
+            "model": champion_dir(demo).name,
+            "speedup_per_run": {r: {n: v["policies"][n]["speedup_vs_static"] for n in names}
+                                for r, v in full["runs"].items()},
+            "figures": {"policy_eval/policies.png": "`evaluate_policies(...).plot(path)` "
+                                                    "(`bubblecast policy-eval --plot`)"}}
 
 
 def megatron(demo: Demo) -> dict[str, Any]:

@@ -256,14 +256,15 @@ def _policy_eval(r: dict[str, Any]) -> list[str]:
     rows = [(n, p["step_s"] * 1e3, _pct(p["bubble_fraction"]), p["speedup_vs_static"],
              _pct(p["oracle_share"]), p["actions"], p["migration_s"])
             for n, p in r["policies"].items()]
-    return [f"`bubblecast policy-eval` on {r['runs']} held-out runs: each run replayed step "
-            "by step under each policy, repartitions paying the migration pause; the "
-            f"predictive policy forecasts with the champion model (`{r['model']}`). Oracle "
-            "share: the part of the oracle's gain over static a policy captures.",
+    return [f"`evaluate_policies` (`bubblecast policy-eval`) on {r['runs']} held-out runs: "
+            "each run replayed step by step under each policy, repartitions paying the "
+            "migration pause; the predictive policy forecasts with the champion model "
+            f"(`{r['model']}`). Oracle share: the part of the oracle's gain over static a "
+            "policy captures.",
             _table(["policy", "mean step (ms)", "bubble", "speed-up vs static",
                     "oracle share", "actions", "migration (s)"], rows), *_img(r),
-            "*Step time per step on the held-out runs where the oracle gains most; markers "
-            "are repartitions.*"]
+            "*Step time per step under each policy, one panel per held-out run (the first "
+            "six); markers are repartitions.*"]
 
 
 def reference(trace: str | Path) -> dict[str, Any] | None:
