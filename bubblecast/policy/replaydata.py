@@ -76,6 +76,20 @@ def _layers_column(f, steps: np.ndarray, stages: int, layers: int) -> np.ndarray
     return out.astype(np.int64)
 
 
+def _median_costs(per_layer: np.ndarray, vs: np.ndarray, kind: np.ndarray,
+                  partition: np.ndarray, layers: int) -> np.ndarray:
+    """``(layers, 3)`` costs: each virtual stage's median per-layer op time, per op kind,
+    spread over the layers it holds in ``partition``."""
+    costs = np.zeros((layers, 3))
+    edges = np.r_[0, np.cumsum(partition)]
+    for s in range(len(partition)):
+        for k in range(3):
+            sel = (vs == s) & (kind == k)
+            costs[edges[s]:edges[s + 1], k] = float(np.median(per_layer[sel])) \
+                if sel.any() else 0.0
+    return costs
+
+
 def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunData:
     """A logged run re-timed by the replay engine with compute rescaled by the layers moved."""
     from bubblecast.sim.replay import ReplayModel
@@ -116,14 +130,7 @@ def from_replay(events: Events, run_id: str, layers_per_stage: int = 8) -> RunDa
         logged = _layers_column(f, steps, P, layers) if meta.chunks == 1 else None
         if logged is None:
             logged = logged_partitions(meta, steps, layers, V)
-        held = logged[ti, vs]
-        costs = np.zeros((layers, 3))
-        edges = np.r_[0, np.cumsum(logged[0])]
-        for s in range(V):
-            for k in range(3):
-                sel = (vs == s) & (kind == k)
-                per_layer = float(np.median(dur[sel] / held[sel])) if sel.any() else 0.0
-                costs[edges[s]:edges[s + 1], k] = per_layer
+        costs = _median_costs(dur / logged[ti, vs], vs, kind, logged[0], layers)
         note += "per-layer costs from each stage's median op time; "
     else:
         logged = _layers_column(f, steps, P, len(costs)) if meta.chunks == 1 else None
