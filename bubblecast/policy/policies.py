@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.actions import Action, Repartition
+from bubblecast.policy.actions import Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
 from bubblecast.policy.solver import (
@@ -55,10 +55,6 @@ class Policy:
     def decide(self, state: PolicyState) -> Decision:
         """The decision after step ``state.t``: the action and the numbers behind it."""
         raise NotImplementedError
-
-    def decide_action(self, state: PolicyState) -> Action:
-        """Only the action of :meth:`decide` (for callers that record nothing else)."""
-        return self.decide(state).action
 
 
 class StaticPolicy(Policy):

@@ -32,6 +32,11 @@ def state(history: np.ndarray, partition=(4, 4, 4, 4), last=None, migration=CHEA
     return PolicyState(len(h) - 1, h, tuple(partition), COSTS, PIPE, migration, last, **kw)
 
 
+def action_of(policy, st):
+    """The action of the policy's Decision."""
+    return policy.decide(st).action
+
+
 def slow_rank(steps: int, factor: float, rank: int = 2, onset: int = 0) -> np.ndarray:
     h = np.ones((steps, 4))
     h[onset:, rank] = factor
@@ -39,18 +44,18 @@ def slow_rank(steps: int, factor: float, rank: int = 2, onset: int = 0) -> np.nd
 
 
 def test_static_never_acts():
-    assert isinstance(StaticPolicy().decide_action(state(slow_rank(50, 3.0))), NoOp)
+    assert isinstance(action_of(StaticPolicy(), state(slow_rank(50, 3.0))), NoOp)
 
 
 def test_reactive_rebalances_a_persistent_slow_rank_then_cools_down():
     pol = ReactivePolicy(window=10)
-    assert isinstance(pol.decide_action(state(slow_rank(5, 2.0))), NoOp)  # not enough history yet
-    act = pol.decide_action(state(slow_rank(20, 2.0)))
+    assert isinstance(action_of(pol, state(slow_rank(5, 2.0))), NoOp)  # not enough history yet
+    act = action_of(pol, state(slow_rank(20, 2.0)))
     assert isinstance(act, Repartition)
     assert act.partition[2] < 4 and sum(act.partition) == 16
-    assert isinstance(pol.decide_action(state(slow_rank(20, 2.0), act.partition, last=15)), NoOp)
+    assert isinstance(action_of(pol, state(slow_rank(20, 2.0), act.partition, last=15)), NoOp)
     # Balanced already: nothing to do.
-    assert isinstance(pol.decide_action(state(np.ones((20, 4)))), NoOp)
+    assert isinstance(action_of(pol, state(np.ones((20, 4)))), NoOp)
 
 
 def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
@@ -60,7 +65,7 @@ def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
 
     def first_move(pol):
         for end in range(21, 120):
-            act = pol.decide_action(state(h[:end]))
+            act = action_of(pol, state(h[:end]))
             if isinstance(act, Repartition):
                 assert act.partition[1] < 4
                 return end
@@ -74,11 +79,11 @@ def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
 def test_predictive_holds_and_respects_migration_cost():
     h = slow_rank(40, 1.5)
     pol = PredictivePolicy(hold=5)
-    assert isinstance(pol.decide_action(state(h)), Repartition)
-    held = pol.decide_action(state(h, last=37))
+    assert isinstance(action_of(pol, state(h)), Repartition)
+    held = action_of(pol, state(h, last=37))
     assert isinstance(held, NoOp) and "hysteresis" in held.reason
     dear = MigrationCost(np.full(16, 1e9), MigrationConstants(bandwidth_Bps=1e6))
-    refused = pol.decide_action(state(h, migration=dear))
+    refused = action_of(pol, state(h, migration=dear))
     assert isinstance(refused, NoOp) and "migration" in refused.reason
 
 
@@ -87,20 +92,20 @@ def test_predictive_ignores_noise():
     pol = PredictivePolicy()
     for k in range(20):
         h = 1.0 + 0.02 * rng.standard_normal((60 + k, 4))
-        assert isinstance(pol.decide_action(state(h)), NoOp)
+        assert isinstance(action_of(pol, state(h)), NoOp)
 
 
 def test_infeasible_memory_cap_gives_noop_with_reason():
     memory = np.full(16, 10.0)
     h = slow_rank(40, 2.0)
     for pol in (ReactivePolicy(), PredictivePolicy()):
-        act = pol.decide_action(state(h, memory=memory, memory_cap=30.0))  # 4 x 30 < 160 bytes
+        act = action_of(pol, state(h, memory=memory, memory_cap=30.0))  # 4 x 30 < 160 bytes
         assert isinstance(act, NoOp) and "memory_cap" in act.reason
 
 
 def test_memory_cap_is_respected():
     memory = np.full(16, 10.0)
-    act = ReactivePolicy().decide_action(state(slow_rank(40, 3.0), memory=memory, memory_cap=50.0))
+    act = action_of(ReactivePolicy(), state(slow_rank(40, 3.0), memory=memory, memory_cap=50.0))
     assert isinstance(act, Repartition) and max(act.partition) <= 5
 
 
