@@ -223,3 +223,26 @@ def test_policy_api_is_exported():
     assert bubblecast.Policy is api.Policy
     assert bubblecast.evaluate_policies is api.evaluate_policies
     assert bubblecast.Policy.predictive(horizon=32).get_params()["horizon"] == 32
+
+
+@pytest.mark.slow  # MLflow store, train and registry: ~40 s (models:/ loading itself is also
+@pytest.mark.filterwarnings("ignore::UserWarning")  # covered by tests/forecast/test_tracking.py)
+def test_forecast_loads_a_registered_model_by_alias(fleet, tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from bubblecast import BubbleForecast
+
+    events, path, _ = fleet
+    monkeypatch.chdir(tmp_path)  # artifacts of the SQLite store land under ./mlruns
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    features = tmp_path / "features.parquet"
+    _cli_json(capsys, "dataset", str(path), "--out", str(features), *DATASET_ARGS)
+    trained = _cli_json(capsys, "train", str(features), "--model", "ewma", "--out",
+                        str(tmp_path / "model"), "--register", "bc-api", "--alias", "champion",
+                        "--tracking-uri", store)
+    assert trained["registered"]["uri"] == "models:/bc-api@champion"
+    by_alias = BubbleForecast.load("models:/bc-api@champion", tracking_uri=store)
+    local = BubbleForecast.load(tmp_path / "model")
+    assert list(by_alias.models_) == ["ewma"] and by_alias.horizons_ == [1, 5]
+    run = events.run("fleet-3")
+    pd.testing.assert_frame_equal(by_alias.predict(run), local.predict(run))
