@@ -2,7 +2,12 @@
 
 The public Python API, imported from here::
 
-    from bubblecast import BubbleAnalysis, BubbleForecast, simulate_events, SimConfig
+    from bubblecast import BubbleAnalysis, BubbleForecast, Policy, evaluate_policies
+
+``BubbleAnalysis`` answers ``inspect``/``whatif`` for one run, ``BubbleForecast`` builds the
+dataset, fits, forecasts, evaluates and saves forecasters, ``Policy``/``evaluate_policies``
+replay runs under policies (``policy-eval``); the core types (``Events``, ``read_events``,
+``load_events``, ``SimConfig``, ``simulate_events``, ``Window``, ...) come with them.
 
 The package is a one-way pipeline of layers (telemetry < sim < dataset < forecast < policy <
 runtime | serve < cli). Importing ``bubblecast`` is cheap: every public name below is resolved
