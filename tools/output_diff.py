@@ -55,7 +55,10 @@ def _short(x: Any) -> str:
 
 
 def _frame_difference(a: Any, b: Any, key: str) -> str | None:
-    """Row-order-free equality of two tables: same columns, dtypes and sorted rows."""
+    """Row-order-free equality of two tables: same columns, dtypes and sorted rows.
+
+    Values are compared first (categoricals as their values, so a column that changed only its
+    dtype sorts the same), then dtypes: "dtype ... (values equal)" says only the type moved."""
     if list(a.columns) != list(b.columns):
         gone = [c for c in a.columns if c not in b.columns]
         new = [c for c in b.columns if c not in a.columns]
@@ -63,16 +66,25 @@ def _frame_difference(a: Any, b: Any, key: str) -> str | None:
     if len(a) != len(b):
         return f"{key}: {len(a)} rows != {len(b)} rows"
     cols = list(a.columns)
+    va, vb = _plain(a), _plain(b)
     try:
-        a = a.sort_values(cols, kind="mergesort").reset_index(drop=True)
-        b = b.sort_values(cols, kind="mergesort").reset_index(drop=True)
+        va = va.sort_values(cols, kind="mergesort").reset_index(drop=True)
+        vb = vb.sort_values(cols, kind="mergesort").reset_index(drop=True)
     except TypeError:  # unsortable cells (lists, mixed types): compare in written order
-        a, b = a.reset_index(drop=True), b.reset_index(drop=True)
+        va, vb = va.reset_index(drop=True), vb.reset_index(drop=True)
+    for c in cols:
+        if not va[c].equals(vb[c]):
+            bad = va[c].ne(vb[c]) & ~(va[c].isna() & vb[c].isna())
+            if bad.any():
+                i = int(bad.to_numpy().nonzero()[0][0])
+                return f"{key}[{c}] row {i}: {_short(va[c].iloc[i])} != {_short(vb[c].iloc[i])}"
     for c in cols:
         if a[c].dtype != b[c].dtype:
-            return f"{key}[{c}] dtype: {a[c].dtype} != {b[c].dtype}"
-        if not a[c].equals(b[c]):
-            bad = a[c].ne(b[c]) & ~(a[c].isna() & b[c].isna())
-            i = int(bad.to_numpy().nonzero()[0][0]) if bad.any() else 0
-            return f"{key}[{c}] row {i}: {_short(a[c].iloc[i])} != {_short(b[c].iloc[i])}"
+            return f"{key}[{c}] dtype: {a[c].dtype} != {b[c].dtype} (values equal)"
     return None
+
+
+def _plain(df: Any) -> Any:
+    """``df`` with categorical columns as object columns of their values."""
+    cats = [c for c in df.columns if str(df[c].dtype) == "category"]
+    return df.astype({c: object for c in cats}) if cats else df
