@@ -143,10 +143,10 @@ class Demo:
 
 def simulate(demo: Demo) -> dict[str, Any]:
     """Simulate the training and held-out suites (``forecast.suite``, other seeds)."""
+    from bubblecast import write_events
     from bubblecast.demo_report import plot_scenarios
     from bubblecast.forecast.suite import SuiteConfig, suite_events
     from bubblecast.sim.accounting import bubble_fraction, rank_step_table
-    from bubblecast.telemetry.io import write_events
 
     c, fractions, examples, runs = demo.config, {}, {}, {}
     for k, split in enumerate(SPLITS):
