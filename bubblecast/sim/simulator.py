@@ -193,16 +193,18 @@ def simulate_events(config: SimConfig) -> Events:
         "op": pd.Categorical.from_codes(kind, categories=list(OPS)),
         "start_s": np.ascontiguousarray(start).reshape(total),
         "duration_s": dur_s.reshape(total),
-        "layers": layers_rank[step, stage],
-    })
+        # (runs, steps, replicas, ops) by broadcasting: no per-row multi-array indexing
+        "layers": np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n))
+        .reshape(total),
+    }, copy=False)  # copy=False: no consolidation copy of same-dtype columns into 2D blocks
     if any(d.tokens is not None for d in draws):
         # Runs without token counts get nulls (unknown), never 0 tokens.
         tok = np.stack([d.tokens.astype(np.float64) if d.tokens is not None
                         else np.full((steps, replicas, config.microbatches), np.nan)
                         for d in draws])  # (runs, steps, replicas, m)
-        frame["tokens"] = pd.array(tok[run_codes, step, replica, mb], dtype="Int64")
+        frame["tokens"] = pd.array(tok[..., sg.microbatch].reshape(total), dtype="Int64")
     speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
-    frame["speed"] = speed[run_codes, step, rank]
+    frame["speed"] = speed.reshape(runs, steps, replicas, p)[..., sg.stage].reshape(total)
     from bubblecast.telemetry.validate import normalize_frame
 
     return Events(normalize_frame(frame), metas)
