@@ -4,8 +4,8 @@ Stages in order, each a function writing into ``<out>/<stage>/`` and returning i
 record: simulate a scenario suite, build the dataset, train LightGBM and the GRU (registered in
 the SQLite MLflow store ``<out>/mlflow.db``), evaluate them and the policies on held-out runs,
 analyse the real Megatron-LM trace, run the live closed loop; then ``report.md`` and
-``demo.json`` (:mod:`bubblecast.demo_report`), written last, after removing the previous ones
-first. Every number follows from :class:`DemoConfig` and its seed.
+``demo.json`` (:mod:`bubblecast.demo_report`), written last (the previous ones are removed
+first). Every number follows from :class:`DemoConfig` and its seed.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def simulate(demo: Demo) -> dict[str, Any]:
         runs[split] = len(events.run_ids)
         for run_id, run in events.by_run():
             scenario = run_id.split(f"-s{suite.seed}-")[0]
-            examples.setdefault(scenario, run) if k == 0 else None
+            if k == 0:
+                examples.setdefault(scenario, run)
             fractions.setdefault(scenario, {})[run_id] = bubble_fraction(
                 rank_step_table(run.frame))
     plot_scenarios(examples, demo.out / "simulate" / "scenarios.png")
@@ -223,6 +224,7 @@ def train(demo: Demo) -> dict[str, Any]:
 
 
 def champion_dir(demo: Demo) -> Path:
+    """The trained champion's model directory."""
     rec = demo.records["train"]
     return demo.out / rec["models"][rec["champion"]]["dir"]
 
@@ -331,8 +333,7 @@ def live(demo: Demo) -> dict[str, Any]:
             "slowed_step_s": slow, "slowed_steps_per_s": 1.0 / slow if slow > 0 else None,
             "actions_taken": int(s["actions_taken"]), "first_action_step":
                 s.get("first_action_step"), "final_partition": s.get("partition"),
-            "control_pct_of_wall": s.get("control_pct_of_wall"),
-            "forecaster": s.get("forecaster")}
+            "control_pct_of_wall": s.get("control_pct_of_wall")}
     for r in runs.values():
         r["speedup_vs_static"] = (runs["static"]["slowed_step_s"] / r["slowed_step_s"]
                                   if "static" in runs else None)
@@ -367,9 +368,10 @@ def _prepare(out: Path) -> None:
         raise BubblecastError(f"--out {out}: folder is not empty and holds no bubblecast "
                               "demo; choose a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    for name in OWNED:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    for path in (out / name for name in OWNED):
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.unlink(missing_ok=True)
 
 
 def run_demo(config: DemoConfig, out: str | Path, *, say: Callable[[str], None] | None = None,
