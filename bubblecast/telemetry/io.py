@@ -28,6 +28,7 @@ import functools
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,12 @@ from bubblecast.telemetry.schema import (
     decode_metadata,
     encode_metadata,
 )
-from bubblecast.telemetry.validate import SchemaError, validate_frame
+from bubblecast.telemetry.validate import (
+    SchemaError,
+    check_rows,
+    prepare_frame,
+    validate_frame,
+)
 
 #: Float columns with about one distinct value per row: no codec (see module doc).
 PLAIN_COLUMNS: tuple[str, ...] = ("start_s", "duration_s", "wait_s")
@@ -106,17 +112,45 @@ def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = Fal
     return removed
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+def _write_alongside(tmp: str, write: Callable[[str], None],
+                     alongside: Callable[[], None]) -> None:
+    """``write(tmp)`` on a worker thread while ``alongside()`` runs on this one (the Parquet
+    writer releases the GIL, so on two cores the two overlap); ``alongside``'s error wins."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write(tmp)
+        except BaseException as exc:  # handed to the caller below
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="bubblecast-write", daemon=True)
+    worker.start()
+    try:
+        alongside()
+    finally:
+        worker.join()
+    if failed:
+        raise failed[0]
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
+                 alongside: Callable[[], None] | None = None) -> Path:
     """Call ``write(tmp_path)`` then rename onto ``path``; on any error no file is left.
 
-    Temporaries of earlier writers of ``path`` that were killed are removed first."""
+    ``alongside`` (a check, say) runs while ``write`` does; if it raises, the temporary is
+    removed and ``path`` is left as it was. Temporaries of earlier writers of ``path`` that
+    were killed are removed first."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        write(tmp)
+        if alongside is None:
+            write(tmp)
+        else:
+            _write_alongside(tmp, write, alongside)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
@@ -240,13 +274,16 @@ def parquet_options(table: pa.Table) -> dict[str, Any]:
 
 
 def write_events(events: Events, path: str | os.PathLike[str], *, validate: bool = True) -> Path:
-    """Validate then write ``events`` to one Parquet file atomically."""
-    if validate:
-        runs = dict(events.runs)
-        events = Events(validate_frame(events.frame, runs, str(path)), runs)
-    table = to_table(events, str(path))
+    """Validate then write ``events`` to one Parquet file atomically.
+
+    The checks that need no pass over the rows run first; the row checks then run while the
+    file is written (a refused table leaves no file, and its error is the one raised)."""
+    runs = dict(events.runs)
+    frame = prepare_frame(events.frame, runs, str(path)) if validate else events.frame
+    table = to_table(Events(frame, runs), str(path))
     options = parquet_options(table)
-    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, **options))
+    check = (lambda: check_rows(frame, runs, str(path))) if validate else None
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, **options), alongside=check)
 
 
 __all__ = ["PLAIN_COLUMNS", "RunMeta", "SchemaError", "atomic_write", "atomic_write_text",

@@ -128,8 +128,34 @@ def _restore_optional_ints(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _check_ops(frame: pd.DataFrame, source: str) -> None:
+    """Every op is one of OPS (for a categorical: its categories, then the codes used)."""
+    op = frame["op"]
+    if isinstance(op.dtype, pd.CategoricalDtype):
+        unknown_cat = ~np.isin(np.asarray(op.cat.categories, dtype=object), OPS)
+        unknown = unknown_cat[op.cat.codes.to_numpy()] if unknown_cat.any() else None
+    else:
+        unknown = ~op.isin(OPS).to_numpy()
+    if unknown is not None and unknown.any():
+        row = _first(unknown)
+        known = ", ".join(OPS)
+        raise SchemaError(source, "op", row, f"unknown op {op.iloc[row]!r} (known: {known})")
+
+
+def _check_fit(frame: pd.DataFrame, source: str) -> None:
+    """Integer columns about to be narrowed (int64 -> int32) hold values that fit."""
+    for col, dtype in _INT_DTYPES.items():
+        values = frame[col].to_numpy()
+        info = np.iinfo(np.dtype(dtype))
+        if values.dtype == dtype or values.dtype.kind not in "iu" or not values.size:
+            continue
+        if values.min() < info.min or values.max() > info.max:
+            row = _first((values < info.min) | (values > info.max))
+            raise SchemaError(source, col, row, f"value {values[row]} does not fit {dtype}")
+
+
 def _check_values(frame: pd.DataFrame, source: str) -> None:
-    """Finite times, non-negative durations, integer lower bounds, int32 fit, known ops."""
+    """Finite times, non-negative durations, integer lower bounds (one pass per column)."""
     for col in ("start_s", "duration_s"):
         values = frame[col].to_numpy(dtype=np.float64)
         if not np.isfinite(values.sum()):  # one pass: NaN or inf anywhere makes the sum so
@@ -143,27 +169,9 @@ def _check_values(frame: pd.DataFrame, source: str) -> None:
         raise SchemaError(source, "duration_s", row, f"negative duration {dur[row]}")
     for col, low in MINIMUM.items():
         values = frame[col].to_numpy()
-        if not values.size:
-            continue
-        lo, hi = values.min(), values.max()
-        if lo < low:
+        if values.size and values.min() < low:
             row = _first(values < low)
             raise SchemaError(source, col, row, f"value {values[row]} is below {low}")
-        top = np.iinfo(np.dtype(_INT_DTYPES[col])).max
-        if hi > top:
-            row = _first(values > top)
-            raise SchemaError(source, col, row, f"value {values[row]} does not fit "
-                                                f"{_INT_DTYPES[col]}")
-    op = frame["op"]
-    if isinstance(op.dtype, pd.CategoricalDtype):  # check the categories, then the used codes
-        unknown_cat = ~np.isin(np.asarray(op.cat.categories, dtype=object), OPS)
-        unknown = unknown_cat[op.cat.codes.to_numpy()] if unknown_cat.any() else None
-    else:
-        unknown = ~op.isin(OPS).to_numpy()
-    if unknown is not None and unknown.any():
-        row = _first(unknown)
-        known = ", ".join(OPS)
-        raise SchemaError(source, "op", row, f"unknown op {op.iloc[row]!r} (known: {known})")
 
 
 def _infer_runs(frame: pd.DataFrame, runs: dict[str, RunMeta]) -> None:
@@ -203,33 +211,52 @@ def _check_ranges(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) ->
                               f"'{categories[codes[row]]}' ({attr}={limit[row]})")
 
 
+def prepare_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> pd.DataFrame:
+    """The checks that need no pass over the rows (columns, dtypes, op names, narrowing), then
+    the frame normalised (SPEC dtypes, categoricals); infer metadata of runs without it.
+
+    :func:`check_rows` completes the validation; ``write_events`` runs it while the
+    prepared frame is being written."""
+    if not isinstance(frame.index, pd.RangeIndex) or frame.index.start != 0 \
+            or frame.index.step != 1:
+        frame = frame.reset_index(drop=True)
+    frame = _restore_optional_ints(frame)
+    _check_column_types(frame, source)
+    _check_ops(frame, source)
+    _check_fit(frame, source)
+    frame = normalize_frame(frame)
+    for col, dtype in _OPT_INT.items():
+        if col in frame.columns:
+            values = frame[col]
+            wanted = dtype.capitalize() if values.isna().any() else dtype
+            if values.dtype != wanted:
+                frame[col] = values.astype(wanted)
+    _infer_runs(frame, runs)
+    return frame
+
+
+def check_rows(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> None:
+    """The row checks of SPEC §1 on a frame from :func:`prepare_frame`: finite times,
+    non-negative durations and counts, ranges from the run metadata, unique compute ops."""
+    _check_values(frame, source)
+    _check_ranges(frame, runs, source)
+    _check_duplicates(frame, source)
+    for col in _OPT_INT:
+        if col in frame.columns:
+            low = frame[col].min()
+            if low is not pd.NA and low < 0:
+                row = _first((frame[col] < 0).fillna(False).to_numpy())
+                raise SchemaError(source, col, row, f"negative value {frame[col].iloc[row]}")
+
+
 def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> pd.DataFrame:
     """Check ``frame`` against SPEC §1 and the run metadata; return it normalised.
 
     Runs that have no metadata get it inferred from the data (``source="inferred"``) and are
     added to ``runs`` in place.
     """
-    if not isinstance(frame.index, pd.RangeIndex) or frame.index.start != 0 \
-            or frame.index.step != 1:
-        frame = frame.reset_index(drop=True)
-    frame = _restore_optional_ints(frame)
-    _check_column_types(frame, source)
-    _check_values(frame, source)
-    frame = normalize_frame(frame)
-    _infer_runs(frame, runs)
-    _check_ranges(frame, runs, source)
-    _check_duplicates(frame, source)
-    for col, dtype in _OPT_INT.items():
-        if col in frame.columns:
-            values = frame[col]
-            nulls = values.isna().any()
-            wanted = dtype.capitalize() if nulls else dtype
-            if values.dtype != wanted:
-                frame[col] = values.astype(wanted)
-            low = frame[col].min()
-            if low is not pd.NA and low < 0:
-                row = _first((frame[col] < 0).fillna(False).to_numpy())
-                raise SchemaError(source, col, row, f"negative value {frame[col].iloc[row]}")
+    frame = prepare_frame(frame, runs, source)
+    check_rows(frame, runs, source)
     return frame
 
 
@@ -297,4 +324,5 @@ def _check_duplicates(frame: pd.DataFrame, source: str) -> None:
         raise SchemaError(source, "op", row, f"duplicate compute op ({key})")
 
 
-__all__ = ["SchemaError", "normalize_frame", "validate_frame", "OPTIONAL"]
+__all__ = ["OPTIONAL", "SchemaError", "check_rows", "normalize_frame", "prepare_frame",
+           "validate_frame"]

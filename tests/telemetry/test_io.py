@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -78,6 +79,32 @@ def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
         atomic_write(target, failing)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+@pytest.mark.parametrize(("write_fails", "check_fails", "raised"), [
+    (False, True, ValueError), (True, False, RuntimeError), (True, True, ValueError),
+])
+def test_a_check_alongside_the_write_keeps_the_old_file_when_either_fails(
+        tmp_path, write_fails, check_fails, raised):
+    target = tmp_path / "out.bin"
+    target.write_text("old")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write("new")
+        if write_fails:
+            raise RuntimeError("disk full")
+
+    def check() -> None:
+        if check_fails:
+            raise ValueError("bad row")
+
+    with pytest.raises(raised):
+        atomic_write(target, write, alongside=check)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+    atomic_write(target, lambda tmp: Path(tmp).write_text("new"), alongside=lambda: None)
+    assert target.read_text() == "new"
 
 
 def test_builder_fills_missing_optional_values():
