@@ -94,13 +94,15 @@ class Trainer:
 
     ``model``: the layers, data and loss (default: the built-in model of ``config.model``;
     a custom one must have ``config.model.layers`` layers). ``resume``: a checkpoint
-    directory (any partition) to start from. ``record``: record telemetry. ``fault_hook``
+    directory (any partition) to start from. ``origin_wall``: the wall-clock time (epoch
+    seconds) event times count from (default: now; a resumed run passes its first attempt's,
+    so that both attempts' events share one clock). ``record``: record telemetry. ``fault_hook``
     and ``test_drop_optimizer_state`` exist for tests only.
     """
 
     def __init__(self, config: TrainConfig, *, model: LayerModel | None = None,
                  resume: str | None = None, record: bool = True, group: Any = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, origin_wall: float | None = None) -> None:
         if not dist.is_initialized():
             raise BubblecastError("Trainer: torch.distributed is not initialised "
                                   "(launch with torchrun or call init_distributed())")
@@ -130,8 +132,9 @@ class Trainer:
             self.optimizer = self.new_optimizer(self.layers)
         else:
             self._load(resume, mine)
-        box = [time.time()]
+        box = [time.time() if origin_wall is None else float(origin_wall)]
         dist.broadcast_object_list(box, src=0, group=group, device=self.device)
+        self.origin_wall = float(box[0])
         self.recorder = Recorder(
             run_id=config.run_id, rank=self.rank, stage=self.rank, origin_wall=float(box[0]),
             meta_fn=self.run_meta, events_dir=config.events_dir, flush_every=config.flush_every,
