@@ -36,7 +36,7 @@ def dumps(obj: Any) -> str:
     return json.dumps(plain(obj), indent=1, allow_nan=False)
 
 
-# ---------------------------------------------------------------------------- figures
+# ------------------------------------------------- the figures a seed fixes; live-stage windows
 
 
 def figures(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -51,7 +51,8 @@ def figures(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def slowed_steps(config: Any) -> tuple[int, int]:
-    """[first, last) steps during which the injected slowdown is at full strength."""
+    """[first, last) steps during which the injected slowdown of a ``DemoConfig`` is at full
+    strength."""
     from bubblecast.runtime.inject import parse_inject
 
     slow = [i for i in parse_inject(config.live_inject) if i.kind == "slowdown"]
@@ -72,6 +73,9 @@ def ideal_speedup(config: Any) -> float:
     n, even = config.live_layers, config.live_layers // 2
     best = min(max(f[0] * k, f[1] * (n - k)) for k in range(1, n))
     return float(max(f[0] * even, f[1] * (n - even)) / best)
+
+
+# ---------------------------------------------------------------------------- plots
 
 
 def _pyplot() -> Any:
