@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -101,8 +102,6 @@ def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = Fal
             if entry.is_file() and not dirs:
                 os.unlink(entry.path)
             elif entry.is_dir() and dirs:
-                import shutil
-
                 shutil.rmtree(entry.path)
             else:
                 continue
