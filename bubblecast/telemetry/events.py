@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from bubblecast.telemetry.schema import COMPUTE_OPS, RunMeta
 
@@ -55,6 +56,16 @@ class Events:
         runs: dict[str, RunMeta] = {}
         for part in parts:
             runs.update(part.runs)
-        frames = [p.frame.assign(run_id=p.frame["run_id"].astype(str)) for p in parts]
-        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if not parts:
+            return Events(normalize_frame(pd.DataFrame()), runs)
+        if all(isinstance(p.frame["run_id"].dtype, pd.CategoricalDtype) for p in parts):
+            # Join the categoricals' codes and categories; no Python string per row.
+            run_id = union_categoricals([p.frame["run_id"].cat.remove_unused_categories()
+                                         for p in parts], ignore_order=True)
+            frames = [p.frame.drop(columns="run_id") for p in parts]
+            frame = pd.concat(frames, ignore_index=True)
+            frame.insert(parts[0].frame.columns.get_loc("run_id"), "run_id", run_id)
+        else:
+            frames = [p.frame.assign(run_id=p.frame["run_id"].astype(str)) for p in parts]
+            frame = pd.concat(frames, ignore_index=True)
         return Events(normalize_frame(frame), runs)
