@@ -44,14 +44,14 @@ _EXPORTS: dict[str, str] = {
     # simulation
     "SimConfig": "bubblecast.sim.simulator:SimConfig",
     "simulate_events": "bubblecast.sim.simulator:simulate_events",
+    # telemetry of your own torch.distributed.pipelining training loop
+    "record": "bubblecast.runtime.record:record",
 }
-# Reserved: "record" -> "bubblecast.runtime.record:record" (issue 17, the telemetry API for
-# your own torch pipeline), exported once that module exists.
 
 __all__ = [
     "BubbleAnalysis", "BubbleForecast", "BubblecastError", "DatasetConfig", "Events", "Policy",
     "RunMeta", "SimConfig", "Window", "__version__", "evaluate_policies", "load_events",
-    "read_events", "simulate_events", "write_events",
+    "read_events", "record", "simulate_events", "write_events",
 ]  # fmt: skip
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; nothing is imported at run time
@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; nothing is imported at run
     from bubblecast.dataset.window import Window
     from bubblecast.forecast.facade import BubbleForecast
     from bubblecast.policy.api import Policy, evaluate_policies
+    from bubblecast.runtime.record import record
     from bubblecast.sim.analysis import BubbleAnalysis
     from bubblecast.sim.simulator import SimConfig, simulate_events
     from bubblecast.telemetry.events import Events

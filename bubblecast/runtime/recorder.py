@@ -2,34 +2,46 @@
 
 The recorder wraps a pipeline stage's ``forward_one_chunk``, ``backward_one_chunk`` and
 ``backward_weight_one_chunk`` (module backward hooks give wrong times on the first stage and
-break the zero-bubble schedules). Each op costs two ``perf_counter`` calls and one tuple
-append; a background thread turns the buffer into a validated events part every
-``flush_every`` steps. Timestamps are ``perf_counter`` values mapped to wall-clock time and
-made relative to a run origin broadcast by rank 0, so all ranks share the origin (exactly on
-one host, to clock-sync accuracy across hosts).
+break the zero-bubble schedules). On the host clock (``timing="host"``) each op costs two
+``perf_counter`` calls and one tuple append; with an :class:`EventTimer` (``timing="device"``,
+CUDA) each op records two events on the stage's current stream instead, and the rows keep the
+events until they are resolved in one batch at a flush (or at a step end that needs the
+durations: step hooks, per-layer cost sampling): no synchronize per op. A background thread
+turns the buffer into a validated events part every ``flush_every`` steps. Timestamps are
+``perf_counter`` values (device times mapped onto it) made relative to a run origin broadcast
+by rank 0, so all ranks share the origin (exactly on one host, to clock-sync accuracy across
+hosts).
 
-The same wrapper emulates slowdowns: after an op it sleeps ``(multiplier - 1) x`` the op's
-measured time, and the sleep is part of the recorded duration. Every ``layer_cost_every``
-steps it times each layer's forward on micro-batch 0 with forward hooks (per-layer cost
-samples for the policy).
+The same wrapper emulates slowdowns: on the host clock, after an op it sleeps
+``(multiplier - 1) x`` the op's measured time; on the device it queues that much spinning on
+the stream (:class:`DeviceDelay`). Either way the delay is part of the recorded duration.
+Every ``layer_cost_every`` steps it times each layer's forward on micro-batch 0 with forward
+hooks, on the same clock (per-layer cost samples for the policy).
+
+Ops are recorded between :meth:`Recorder.begin_step` and :meth:`Recorder.end_step` only (or
+while :attr:`Recorder.capture` is set), so a stage method called outside a step (an
+evaluation pass) adds no rows.
 
 Columns beyond the required ones: ``layers`` is the number of layers of the chunk (virtual
 stage) that ran the op at that step (on ``OPTIMIZER`` rows, all layers the rank holds), so
 after a migration it carries the per-step truth; ``tokens`` is the micro-batch's samples x
-sequence length (0 on ``OPTIMIZER`` rows); ``host`` and ``device`` name where the rank ran.
+sequence length (0 on ``OPTIMIZER`` rows; null when the caller does not know it: -1 given);
+``host`` and ``device`` name where the rank ran.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bubblecast.runtime.inject import Injection, multiplier
+from bubblecast.runtime.parts import PartWriter, merge_parts
 from bubblecast.telemetry.schema import RunMeta
+
+if TYPE_CHECKING:
+    from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
 
 _OPS = ("F", "B", "W", "OPTIMIZER")
 _F, _B, _W, _OPT = range(4)
@@ -76,13 +88,15 @@ class Recorder:
     as ``rank{r}-{k}.parquet`` parts there by a background thread and dropped from memory.
     :meth:`add_step_hook` registers a function called at each step's end with a
     :class:`StepView` of that step's rows (the closed-loop controller's telemetry).
+    ``timer``: an :class:`~bubblecast.runtime.device_timing.EventTimer` for device timing
+    (None: host ``perf_counter``); :attr:`timing` says which.
     """
 
     def __init__(self, *, run_id: str, rank: int, stage: int, origin_wall: float,
                  meta_fn: Callable[[], RunMeta], events_dir: str | None = None,
                  flush_every: int = 50, layer_cost_every: int = 0, record: bool = True,
                  injections: list[Injection] | None = None, replica: int = 0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", timer: EventTimer | None = None) -> None:
         import socket
 
         self.run_id, self.rank, self.stage, self.replica = run_id, rank, stage, replica
@@ -92,6 +106,15 @@ class Recorder:
         self.flush_every, self.layer_cost_every = flush_every, layer_cost_every
         self.injections = [i for i in (injections or []) if i.rank == rank]
         self._meta_fn = meta_fn
+        self.timer = timer
+        self.timing = "host" if timer is None else "device"
+        self.capture = False  # record ops now (between begin_step and end_step)
+        self._resolved = 0  # rows before this index hold times, not events (device timing)
+        self._delay: DeviceDelay | None = None
+        if timer is not None and self.injections:
+            from bubblecast.runtime.device_timing import DeviceDelay
+
+            self._delay = DeviceDelay(timer)
         self._offset = time.time() - time.perf_counter() - origin_wall
         self._rows: list[tuple] = []
         self._kept: list[tuple] = []  # all rows, when there is no events_dir
@@ -100,22 +123,16 @@ class Recorder:
         self._chunk_layers: dict[int, int] = {}
         self._tokens = 0
         self._since_flush = 0
-        self._parts = 0
         self.layer_costs: list[dict[str, Any]] = []
         self._layer_modules: dict[int, dict[int, Any]] = {}
         self._hooks: list[Any] = []
         self._step_hooks: list[StepHook] = []
         self._fwd_times: dict[int, float] = {}
+        self._fwd_marks: dict[int, tuple[Any, Any]] = {}
         self._sampling_chunk: int | None = None
-        self._queue: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._writer: PartWriter | None = None
         if self.record and self.events_dir is not None:
-            self.events_dir.mkdir(parents=True, exist_ok=True)
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._writer, name="bubblecast-recorder",
-                                            daemon=True)
-            self._thread.start()
+            self._writer = PartWriter(self.events_dir, rank, run_id, self._columns)
 
     @property
     def active(self) -> bool:
@@ -134,6 +151,8 @@ class Recorder:
 
     def _wrap(self, stage: Any, chunk: int) -> None:
         perf, done = time.perf_counter, self._op_done
+        if self.timer is not None:
+            perf, done = self.timer.mark, self._op_done_device
         fwd, bwd, wgt = (stage.forward_one_chunk, stage.backward_one_chunk,
                          stage.backward_weight_one_chunk)
 
@@ -166,6 +185,8 @@ class Recorder:
 
     def _op_done(self, op: int, chunk: int, mb: int, t0: float) -> None:
         t1 = time.perf_counter()
+        if not self.capture:
+            return
         if self._stretch != 1.0:
             time.sleep((self._stretch - 1.0) * (t1 - t0))
             t1 = time.perf_counter()
@@ -173,16 +194,53 @@ class Recorder:
             self._rows.append((self._step, chunk, mb, op, t0, t1 - t0,
                                self._chunk_layers.get(chunk, 0), self._tokens))
 
+    def _op_done_device(self, op: int, chunk: int, mb: int, start: Any) -> None:
+        if not self.capture:
+            return
+        if self._stretch != 1.0 and self._delay is not None:
+            self._delay.stretch(start, (chunk, op), self._stretch)
+        assert self.timer is not None
+        end = self.timer.mark()
+        if self.record:
+            self._rows.append((self._step, chunk, mb, op, start, end,
+                               self._chunk_layers.get(chunk, 0), self._tokens))
+
+    def _resolve(self) -> None:
+        """Device timing: turn the buffered rows' event pairs into times (waits for them)."""
+        if self.timer is None or self._resolved >= len(self._rows):
+            return
+        if self._delay is not None:
+            self._delay.refresh(block=True)  # reads op start events before they are reused
+        rows, first = self._rows, self._resolved
+        todo = [i for i in range(first, len(rows)) if not isinstance(rows[i][4], float)]
+        spans = self.timer.resolve([(rows[i][4], rows[i][5]) for i in todo])
+        for i, (t0, dur) in zip(todo, spans, strict=True):
+            rows[i] = (*rows[i][:4], t0, dur, *rows[i][6:])
+        self._resolved = len(rows)
+
     # -- per step -----------------------------------------------------------------------
     def begin_step(self, step: int, tokens_per_microbatch: int) -> None:
-        self._step, self._tokens = step, tokens_per_microbatch
+        self._step, self._tokens, self.capture = step, tokens_per_microbatch, True
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
             self._start_sampling()
 
     def record_optimizer(self, t0: float, t1: float) -> None:
+        """An ``OPTIMIZER`` row of the current step, from host ``perf_counter`` times."""
         if self.record:
             self._rows.append((self._step, 0, -1, _OPT, t0, t1 - t0,
+                               sum(self._chunk_layers.values()), 0))
+
+    def optimizer_start(self) -> Any:
+        """A start mark for :meth:`optimizer_done`, on this recorder's clock."""
+        return time.perf_counter() if self.timer is None else self.timer.mark()
+
+    def optimizer_done(self, start: Any) -> None:
+        """An ``OPTIMIZER`` row of the current step, from ``start`` to now."""
+        if self.timer is None:
+            self.record_optimizer(start, time.perf_counter())
+        elif self.record:
+            self._rows.append((self._step, 0, -1, _OPT, start, self.timer.mark(),
                                sum(self._chunk_layers.values()), 0))
 
     def add_step_hook(self, fn: StepHook) -> None:
@@ -195,6 +253,11 @@ class Recorder:
         self._step_hooks.append(fn)
 
     def end_step(self) -> None:
+        self.capture = False
+        if self._delay is not None:
+            self._delay.refresh()
+        if self._hooks or self._step_hooks:
+            self._resolve()  # device timing: one wait for the step's rows
         if self._hooks:
             self._stop_sampling()
         if not self.record:
@@ -209,22 +272,26 @@ class Recorder:
 
     def discard(self) -> None:
         """Drop the buffered rows unwritten (overhead benchmarks that record forever)."""
+        self._resolve()  # device timing: their events go back to the pool
         self._rows.clear()
+        self._resolved = 0
 
     # -- per-layer cost samples ---------------------------------------------------------
     def _start_sampling(self) -> None:
         self._sampling_chunk = -1
         self._fwd_times.clear()
-        starts: dict[int, float] = {}
+        self._fwd_marks.clear()
+        mark = time.perf_counter if self.timer is None else self.timer.mark
+        starts: dict[int, Any] = {}
         for chunk, mods in self._layer_modules.items():
             for index, module in mods.items():
                 def pre(_m: Any, _a: Any, i: int = index, c: int = chunk) -> None:
-                    if self._sampling_chunk == c and i not in self._fwd_times:
-                        starts[i] = time.perf_counter()
+                    if self._sampling_chunk == c and i not in self._fwd_marks:
+                        starts[i] = mark()
 
                 def post(_m: Any, _a: Any, _o: Any, i: int = index, c: int = chunk) -> None:
-                    if self._sampling_chunk == c and i in starts and i not in self._fwd_times:
-                        self._fwd_times[i] = time.perf_counter() - starts[i]
+                    if self._sampling_chunk == c and i in starts and i not in self._fwd_marks:
+                        self._fwd_marks[i] = (starts[i], mark())
 
                 self._hooks += [module.register_forward_pre_hook(pre),
                                 module.register_forward_hook(post)]
@@ -234,6 +301,8 @@ class Recorder:
             handle.remove()
         self._hooks.clear()
         self._sampling_chunk = None
+        for index, (a, b) in self._fwd_marks.items():
+            self._fwd_times[index] = b - a if self.timer is None else self.timer.elapsed(a, b)
         ops: dict[tuple[int, int], float] = {}
         for step, chunk, mb, op, _t0, dur, *_ in self._rows:
             if step == self._step and mb == 0 and op != _OPT:
@@ -258,13 +327,18 @@ class Recorder:
         cols = (np.asarray(c) for c in zip(*rows, strict=True))
         step, chunk, mb, op, t0, dur, layers, tokens = cols
         n = len(rows)
+        tokens = tokens.astype(np.int64)
+        if tokens.min() < 0:  # unknown: null (pandas nullable integers)
+            import pandas as pd
+
+            tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
         return {
             "run_id": [self.run_id] * n, "step": step.astype(np.int64),
             "rank": np.full(n, self.rank, np.int32), "stage": np.full(n, self.stage, np.int32),
             "replica": np.full(n, self.replica, np.int32), "chunk": chunk.astype(np.int32),
             "microbatch": mb.astype(np.int32), "op": np.asarray(_OPS)[op],
             "start_s": t0.astype(np.float64) + self._offset, "duration_s": dur.astype(np.float64),
-            "layers": layers.astype(np.int32), "tokens": tokens.astype(np.int64),
+            "layers": layers.astype(np.int32), "tokens": tokens,
             "host": [self.host] * n, "device": [self.device] * n,
         }
 
@@ -272,65 +346,26 @@ class Recorder:
         """Rows kept in memory (``events_dir`` None) plus unflushed rows, as a DataFrame."""
         import pandas as pd
 
+        self._resolve()
         return pd.DataFrame(self._columns(self._kept + self._rows))
 
     def flush(self) -> None:
         """Hand the buffered rows to the writer (or keep them, without an events_dir)."""
-        rows, self._rows, self._since_flush = self._rows, [], 0
+        self._resolve()
+        rows, self._rows, self._since_flush, self._resolved = self._rows, [], 0, 0
         if not rows:
             return
-        if self._queue is None:
+        if self._writer is None:
             self._kept.extend(rows)
             return
-        self._raise_writer_error()
-        self._queue.put((rows, self._parts, self._meta_fn()))
-        self._parts += 1
-
-    def _writer(self) -> None:
-        assert self._queue is not None
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            rows, part, meta = item
-            try:
-                self._write_part(rows, part, meta)
-            except BaseException as exc:  # surfaced on the main thread at the next flush
-                self._error = exc
-
-    def _write_part(self, rows: list[tuple], part: int, meta: RunMeta) -> None:
-        import pandas as pd
-
-        from bubblecast.telemetry import from_frame, write_events
-
-        frame = pd.DataFrame(self._columns(rows))
-        assert self.events_dir is not None
-        path = self.events_dir / f"rank{self.rank:04d}-{part:06d}.parquet"
-        events = from_frame(frame, {self.run_id: meta}, str(path))  # validates
-        write_events(events, path, validate=False)
-
-    def _raise_writer_error(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise RuntimeError(f"telemetry writer failed: {err}") from err
+        self._writer.submit(rows, self._meta_fn())
 
     def close(self) -> None:
         """Flush what is left and wait for the writer to finish."""
         if self.record:
             self.flush()
-        if self._thread is not None and self._queue is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread, self._queue = None, None
-        self._raise_writer_error()
+        if self._writer is not None:
+            self._writer.close()
 
 
-def merge_parts(parts_dir: str | Path, out: str | Path, run_id: str, meta: RunMeta) -> int:
-    """Merge the ranks' parts into one events file with the final run metadata; row count."""
-    from bubblecast.telemetry import from_frame, read_events, write_events
-
-    events = read_events(parts_dir)
-    frame = events.frame.sort_values(["step", "rank", "start_s"], kind="stable")
-    merged = from_frame(frame.reset_index(drop=True), {run_id: meta}, str(out))
-    write_events(merged, out)
-    return len(merged)
+__all__ = ["Recorder", "StepHook", "StepView", "merge_parts"]

@@ -11,7 +11,6 @@ by :func:`init_distributed` under torchrun) with a world size equal to the stage
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,9 @@ from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.migration import FaultHook, install_state
 from bubblecast.runtime.networks import LayerModel, make_optimizer
 from bubblecast.runtime.plan import Plan
-from bubblecast.runtime.recorder import Recorder, merge_parts
+from bubblecast.runtime.record import ChunkLayers
+from bubblecast.runtime.record import record as record_schedule
+from bubblecast.runtime.recorder import merge_parts
 from bubblecast.runtime.transition import apply_action
 from bubblecast.telemetry.schema import RunMeta
 
@@ -132,16 +133,17 @@ class Trainer:
             self.optimizer = self.new_optimizer(self.layers)
         else:
             self._load(resume, mine)
-        box = [time.time() if origin_wall is None else float(origin_wall)]
-        dist.broadcast_object_list(box, src=0, group=group, device=self.device)
-        self.origin_wall = float(box[0])
-        self.recorder = Recorder(
-            run_id=config.run_id, rank=self.rank, stage=self.rank, origin_wall=float(box[0]),
-            meta_fn=self.run_meta, events_dir=config.events_dir, flush_every=config.flush_every,
-            layer_cost_every=config.layer_cost_every, record=record,
-            injections=config.injections, device=str(self.device))
         self.stages, self.schedule = self.build_runtime(self.plan, self.layers)
-        self._attach()
+        self._label()
+        # the public record API, told the plan: parts in events_dir, the trainer's metadata
+        self.recording = record_schedule(
+            self.schedule, out=None, parts_dir=config.events_dir, run_id=config.run_id,
+            optimizer=self.optimizer, flush_every=config.flush_every,
+            layer_cost_every=config.layer_cost_every, inject=config.injections,
+            first_step=self.step, meta=self.run_meta, layers=self._chunk_layers(),
+            enabled=record, origin_wall=origin_wall)
+        self.recorder = self.recording.recorder
+        self.origin_wall = self.recording.origin_wall
 
     # -- construction -------------------------------------------------------------------
     def new_optimizer(self, layers: dict[int, nn.Module]) -> torch.optim.Optimizer:
@@ -163,13 +165,14 @@ class Trainer:
                        loss_fn=self._loss, scale_grads=True)
         return stages, schedule
 
-    def _attach(self) -> None:
+    def _label(self) -> None:
         if self.config.profile_dir and not self.plan.info.multi:
             for stage in self.stages:
                 _label_for_profiler(stage)
-        chunk_layers = {c: {i: self.layers[i] for i in self.plan.layer_range(v)}
-                        for c, v in enumerate(self.plan.vstages_of(self.rank))}
-        self.recorder.attach(self.stages, chunk_layers)
+
+    def _chunk_layers(self) -> ChunkLayers:
+        return {c: {i: self.layers[i] for i in self.plan.layer_range(v)}
+                for c, v in enumerate(self.plan.vstages_of(self.rank))}
 
     def _load(self, path: str, mine: list[int]) -> None:
         from dataclasses import asdict
@@ -198,16 +201,14 @@ class Trainer:
         first, last = 0 in vstages, plan.virtual_stages - 1 in vstages
         x, y = self.model.batch(step, c.batch_size)
         tokens = c.batch_size // plan.microbatches * self.model.tokens_per_sample
-        self.recorder.begin_step(step, tokens)
+        self.recording.step, self.recording.tokens = step, tokens
         losses: list[torch.Tensor] | None = [] if last else None
         args = (x.to(self.device),) if first else ()
         self.schedule.step(*args, target=y.to(self.device) if last else None, losses=losses,
-                           return_outputs=False)
-        t0 = time.perf_counter()
-        self.optimizer.step()
+                           return_outputs=False)  # one recorded step
+        self.optimizer.step()  # the recording times it (OPTIMIZER)
         self.optimizer.zero_grad(set_to_none=True)
-        self.recorder.record_optimizer(t0, time.perf_counter())
-        self.recorder.end_step()
+        self.recording.end_step()
         self.step += 1
         if losses is None:
             return None
@@ -244,7 +245,8 @@ class Trainer:
         self.stages, self.schedule = stages, schedule
         self.max_microbatches = max(self.max_microbatches, plan.microbatches)
         self.max_chunks = max(self.max_chunks, plan.chunks)
-        self._attach()
+        self._label()
+        self.recording.attach(schedule, layers=self._chunk_layers(), optimizer=optimizer)
 
     # -- state, checkpoints, telemetry --------------------------------------------------
     def layer_state(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -284,7 +286,7 @@ class Trainer:
         extra: dict[str, Any] = {
             "model": asdict(self.spec), "optimizer": c.optimizer, "lr": c.lr, "seed": c.seed,
             "batch_size": c.batch_size, "actions": list(self.actions),
-            "torch_schedule": init.info.torch_class,
+            "torch_schedule": init.info.torch_class, "timing": self.recording.timing,
         }
         if c.inject:
             extra["emulated_slowdown"] = {"spec": c.inject,
@@ -303,7 +305,7 @@ class Trainer:
 
     def close(self, out: str | None = None) -> int | None:
         """Collective: flush telemetry; rank 0 merges the parts into ``out``; its row count."""
-        self.recorder.close()
+        self.recording.close()
         costs = self.gather_layer_costs()
         rows = None
         if self.rank == 0 and out is not None and self.config.events_dir is not None:

@@ -1,0 +1,87 @@
+"""Events parts on disk: the recorder's background writer and the end-of-run merge.
+
+:class:`PartWriter` validates and writes each batch of rows as ``rank{r}-{k}.parquet`` in a
+background thread (``bubblecast.telemetry`` write path: validated, atomic), so training never
+waits on Parquet; a failure is raised on the training thread at the next submit or at close.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bubblecast.telemetry.schema import RunMeta
+
+#: Turns a batch of buffered rows into events columns (runs in the writer thread).
+Columns = Callable[[list[tuple]], dict[str, Any]]
+
+
+class PartWriter:
+    """Writes ``rank{rank:04d}-{part:06d}.parquet`` files under ``events_dir`` in a thread."""
+
+    def __init__(self, events_dir: Path, rank: int, run_id: str, columns: Columns) -> None:
+        self.events_dir, self.rank, self.run_id, self._columns = events_dir, rank, run_id, columns
+        self.events_dir.mkdir(parents=True, exist_ok=True)
+        self._parts = 0
+        self._error: BaseException | None = None
+        self._queue: queue.Queue | None = queue.Queue()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="bubblecast-recorder", daemon=True)
+        self._thread.start()
+
+    def submit(self, rows: list[tuple], meta: RunMeta) -> None:
+        """Queue ``rows`` as the next part, with run metadata ``meta``."""
+        self.raise_error()
+        assert self._queue is not None, "writer closed"
+        self._queue.put((rows, self._parts, meta))
+        self._parts += 1
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            rows, part, meta = item
+            try:
+                self._write(rows, part, meta)
+            except BaseException as exc:  # surfaced on the main thread at the next submit
+                self._error = exc
+
+    def _write(self, rows: list[tuple], part: int, meta: RunMeta) -> None:
+        import pandas as pd
+
+        from bubblecast.telemetry import from_frame, write_events
+
+        frame = pd.DataFrame(self._columns(rows))
+        path = self.events_dir / f"rank{self.rank:04d}-{part:06d}.parquet"
+        events = from_frame(frame, {self.run_id: meta}, str(path))  # validates
+        write_events(events, path, validate=False)
+
+    def raise_error(self) -> None:
+        """Raise the writer thread's failure, if any, on the calling thread."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"telemetry writer failed: {err}") from err
+
+    def close(self) -> None:
+        """Wait for the queued parts to be written; raise a failure."""
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread, self._queue = None, None
+        self.raise_error()
+
+
+def merge_parts(parts_dir: str | Path, out: str | Path, run_id: str, meta: RunMeta) -> int:
+    """Merge the ranks' parts into one events file with the final run metadata; row count."""
+    from bubblecast.telemetry import from_frame, read_events, write_events
+
+    events = read_events(parts_dir)
+    frame = events.frame.sort_values(["step", "rank", "start_s"], kind="stable")
+    merged = from_frame(frame.reset_index(drop=True), {run_id: meta}, str(out))
+    write_events(merged, out)
+    return len(merged)
