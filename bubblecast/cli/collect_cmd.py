@@ -2,8 +2,12 @@
 
 Everything is validated before any process starts (exit 2 and one line on a bad request);
 the events file (SPEC §1, with the ``layers`` and ``tokens`` columns and the run metadata) is
-written atomically by rank 0 at the end. The training options and the config built from them
-are shared with ``bubblecast run`` (:func:`with_train_options`, :func:`train_config`).
+written atomically by rank 0 at the end. When training fails or the command is killed, the
+telemetry recorded so far stays in ``OUT.partial`` beside it, and the error (one line, exit 1)
+names the failed rank, the signal that killed it and that folder. ``--checkpoint-dir``,
+``--checkpoint-every`` and ``--resume`` checkpoint and resume the run. The training options
+and the config built from them are shared with ``bubblecast run`` (:func:`with_train_options`,
+:func:`train_config`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from bubblecast.cli.common import emit_json, parse_int_list
 from bubblecast.errors import BubblecastError
 
 if TYPE_CHECKING:
+    from bubblecast.runtime.checkpoint import CheckpointOptions
     from bubblecast.runtime.config import TrainConfig
+    from bubblecast.runtime.jobdir import TrainingFailed
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,6 +69,14 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "profile": (Path | None, typer.Option(None, "--profile",
                                           help="Directory for torch.profiler (Kineto) traces.")),
     "run_id": (str | None, typer.Option(None, "--run-id", help="Run id (default: file stem).")),
+    "checkpoint_dir": (Path | None, typer.Option(
+        None, "--checkpoint-dir", help="Folder of checkpoints (step-K subfolders): written "
+        "with --checkpoint-every, read by --resume.")),
+    "checkpoint_every": (int | None, typer.Option(
+        None, "--checkpoint-every", help="Save a checkpoint every N steps.")),
+    "resume": (bool, typer.Option(
+        False, "--resume", help="Continue from the latest checkpoint in --checkpoint-dir up to "
+        "--steps (bit-identical losses); an earlier attempt's telemetry before it is kept.")),
     "json_out": (bool, typer.Option(False, "--json", help="Print one JSON object.")),
 }
 _MODEL_FIELDS = ("layers", "hidden", "seq_len", "vocab", "heads", "dtype")
@@ -108,6 +122,26 @@ def train_config(out: Path, model: str, options: Mapping[str, Any]) -> TrainConf
         profile_dir=str(profile) if profile else None)
 
 
+def checkpoint_options(options: Mapping[str, Any]) -> CheckpointOptions | None:
+    """The validated ``--checkpoint-dir/--checkpoint-every/--resume`` (None when unused)."""
+    from bubblecast.runtime.checkpoint import CheckpointOptions
+
+    directory, every, resume = (options["checkpoint_dir"], options["checkpoint_every"],
+                                options["resume"])
+    if directory is None and every is None and not resume:
+        return None
+    return CheckpointOptions(directory=str(directory) if directory else None, every=every,
+                             resume=resume)
+
+
+def training_failed(exc: TrainingFailed) -> typer.Exit:
+    """Print a failed job's one line (why, which rank, which signal, where the telemetry
+    is) as the CLI prints errors; the exit to raise (1, or 130 when interrupted)."""
+    line = " ".join(str(exc).split())
+    typer.echo(f"bubblecast: error: {line}", err=True)
+    return typer.Exit(exc.exit_code)
+
+
 def parse_actions(items: list[str] | None) -> list[dict]:
     """``STEP:repartition=3,5``, ``STEP:microbatches=8``, ``STEP:schedule=NAME`` -> job actions."""
     from bubblecast.policy.actions import Repartition, SetMicrobatches, SetSchedule, action_to_json
@@ -143,26 +177,19 @@ def collect(
     **options: Any,
 ) -> None:
     """Train a pipeline under torchrun on this machine and write its events file."""
-    import json
-    import shutil
-    import tempfile
-
-    from bubblecast.runtime.launch import failure_message, launch, write_job
+    from bubblecast.runtime.jobdir import TrainingFailed
+    from bubblecast.runtime.launch import run_out_job
 
     config = train_config(out, model, options)
     actions = parse_actions(options["action"])
+    checkpoints = checkpoint_options(options)
     if out.exists() and out.is_dir():
         raise BubblecastError(f"--out: {out} is a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    job_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.collect-", dir=out.parent))
     try:
-        write_job(job_dir, config, out=str(out.resolve()), actions=actions, progress=True)
-        code = _run_with_progress(job_dir, config, launch)
-        if code != 0:
-            raise RuntimeError(f"training failed ({failure_message(job_dir)})")
-        summary = json.loads((job_dir / "summary.json").read_text())
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        summary = _run_with_progress(config, lambda update: run_out_job(
+            out, config, actions=actions, checkpoints=checkpoints, on_progress=update))
+    except TrainingFailed as exc:
+        raise training_failed(exc) from None
     losses = list(summary["losses"].values())
     result = {
         "out": str(out), "run_id": config.run_id, "rows": summary["rows"],
@@ -171,18 +198,21 @@ def collect(
         "wall_s": summary["wall_s"], "step_time_s": summary["step_time_s"],
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "actions": summary["actions"], "emulated_slowdown": config.inject,
+        "first_step": summary["first_step"], "losses": summary["losses"],
     }
     if options["json_out"]:
         emit_json(result)
-    else:
-        typer.echo(f"wrote {out}: {result['rows']} rows, {config.steps} steps x "
-                   f"{config.stages} stages ({config.plan.schedule}), "
-                   f"{1e3 * result['step_time_s']:.2f} ms/step, "
-                   f"loss {result['first_loss']:.4g} -> {result['last_loss']:.4g}")
+        return
+    resumed = f", resumed at step {summary['first_step']}" if summary["first_step"] else ""
+    typer.echo(f"wrote {out}: {result['rows']} rows, {config.steps} steps x "
+               f"{config.stages} stages ({config.plan.schedule}{resumed}), "
+               f"{1e3 * result['step_time_s']:.2f} ms/step, "
+               f"loss {result['first_loss']:.4g} -> {result['last_loss']:.4g}")
 
 
-def _run_with_progress(job_dir: Path, config: object, launch: object) -> int:
-    """Launch the job; draw rank 0's progress as a rich bar on stderr when it is a terminal."""
+def _run_with_progress(config: TrainConfig, run: Callable[[Any], dict]) -> dict:
+    """``run(update)`` the job; draw rank 0's progress (``update(step, total, loss)``) as a
+    rich bar on stderr when it is a terminal."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -193,13 +223,13 @@ def _run_with_progress(job_dir: Path, config: object, launch: object) -> int:
     )
 
     console = Console(stderr=True)
-    steps, stages = config.steps, config.stages  # type: ignore[attr-defined]
     with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=console,
                   disable=not console.is_terminal, transient=False) as bar:
-        task = bar.add_task("collect", total=steps, loss="")
+        task = bar.add_task("collect", total=config.steps, loss="")
 
         def update(step: int, total: int, loss: float | None) -> None:
-            bar.update(task, completed=step, loss="" if loss is None else f"loss {loss:.4g}")
+            bar.update(task, completed=config.steps - total + step,
+                       loss="" if loss is None else f"loss {loss:.4g}")
 
-        return launch(job_dir, stages, on_progress=update)  # type: ignore[operator]
+        return run(update)

@@ -10,15 +10,25 @@ applied), both atomically.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from bubblecast.cli import app
-from bubblecast.cli.collect_cmd import parse_actions, train_config, with_train_options
+from bubblecast.cli.collect_cmd import (
+    checkpoint_options,
+    parse_actions,
+    train_config,
+    training_failed,
+    with_train_options,
+)
 from bubblecast.cli.common import emit_json
 from bubblecast.errors import BubblecastError
+
+if TYPE_CHECKING:
+    from bubblecast.runtime.config import TrainConfig
 
 #: What ``--service`` is asked through, injected into the runtime by import path (runtime never
 #: imports serve): the workers import it.
@@ -81,7 +91,15 @@ def run(
 
         forecaster = check_model_source(model_uri)
     decider = SERVICE_DECIDER if service is not None else None
-    summary = _launch_with_progress(config, control, out, scripted, launch_controlled, decider)
+    checkpoints = checkpoint_options(options)
+    from bubblecast.runtime.jobdir import TrainingFailed
+
+    try:
+        summary = _launch_with_progress(config, lambda update: launch_controlled(
+            config, control, out, scripted=scripted, on_progress=update, decider=decider,
+            checkpoints=checkpoints))
+    except TrainingFailed as exc:
+        raise training_failed(exc) from None
     write_actions(actions_path, summary, control, config.run_id)
     losses = list(summary["losses"].values())
     result = {
@@ -99,7 +117,7 @@ def run(
         "decision_latency_s": summary["decision_latency_s"],
         "control_pct_of_wall": summary["control_pct_of_wall"],
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "emulated_slowdown": config.inject,
+        "emulated_slowdown": config.inject, "first_step": summary["first_step"],
     }
     if options["json_out"]:
         emit_json(result)
@@ -111,9 +129,9 @@ def run(
                f"action(s), partition {result['initial_partition']} -> {result['partition']}")
 
 
-def _launch_with_progress(config: object, control: object, out: Path, scripted: list,
-                          launch_controlled: object, decider: str | None) -> dict:
-    """Run the job; rank 0's progress as a rich bar on stderr when it is a terminal."""
+def _launch_with_progress(config: TrainConfig, run: Callable[[Any], dict]) -> dict:
+    """``run(update)`` the job; rank 0's progress as a rich bar on stderr when it is a
+    terminal."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -121,10 +139,10 @@ def _launch_with_progress(config: object, control: object, out: Path, scripted: 
     with Progress(TextColumn("[bold]run"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[loss]}"), console=console,
                   disable=not console.is_terminal) as bar:
-        task = bar.add_task("run", total=config.steps, loss="")  # type: ignore[attr-defined]
+        task = bar.add_task("run", total=config.steps, loss="")
 
         def update(step: int, total: int, loss: float | None) -> None:
-            bar.update(task, completed=step, loss="" if loss is None else f"loss {loss:.4g}")
+            bar.update(task, completed=config.steps - total + step,
+                       loss="" if loss is None else f"loss {loss:.4g}")
 
-        return launch_controlled(config, control, out, scripted=scripted,  # type: ignore
-                                 on_progress=update, decider=decider)
+        return run(update)

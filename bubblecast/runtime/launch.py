@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -59,6 +60,26 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """Linux: a function that makes the calling process get SIGKILL when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), so that a killed command leaves no orphan torchrun or
+    rank training on; None elsewhere. libc is loaded here, before any fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        import signal
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+
+    return arm
+
+
 def launch(job_dir: str | Path, nproc: int, *, script: str | None = None,
            module: str = WORKER, extra: list[str] | None = None, timeout: float | None = None,
            on_progress: Callable[[int, int, float | None], None] | None = None) -> int:
@@ -71,7 +92,7 @@ def launch(job_dir: str | Path, nproc: int, *, script: str | None = None,
         env.setdefault("BUBBLECAST_DIST_TIMEOUT_S", str(max(10.0, timeout / 2)))
     with open(root / "torchrun.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                                bufsize=1)
+                                bufsize=1, preexec_fn=die_with_parent())
         timer = threading.Timer(timeout, _stop, (proc,)) if timeout else None
         if timer is not None:
             timer.start()
@@ -108,13 +129,100 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def failure_message(job_dir: str | Path) -> str:
-    """One line saying why a job failed: the first rank's error, else torchrun's last line."""
+def run_out_job(out: str | Path, config: TrainConfig, *,
+                actions: list[dict[str, Any]] | None = None, checkpoints: Any = None,
+                module: str = WORKER, extra: dict[str, Any] | None = None,
+                on_progress: Callable[[int, int, float | None], None] | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """Run a job writing the events file ``out`` in its ``OUT.partial`` folder
+    (:class:`~bubblecast.runtime.jobdir.JobDir`); rank 0's summary.
+
+    ``checkpoints``: a :class:`~bubblecast.runtime.checkpoint.CheckpointOptions` (save every
+    N steps, or resume from the latest checkpoint up to ``config.steps``); ``extra``: more
+    job keys for ``module``. BubblecastError before launch for a bad request;
+    :class:`~bubblecast.runtime.jobdir.TrainingFailed` (one line naming the rank, the signal
+    and the folder keeping the telemetry so far) when training fails or is interrupted.
+    """
+    from dataclasses import asdict
+
+    from bubblecast.runtime.jobdir import JobDir
+
+    resume, start, at = (checkpoints.resolve(asdict(config.model), config.steps)
+                         if checkpoints is not None else (None, 0, {}))
+    out = Path(out)
+    jobs, ok = JobDir(out, resuming=resume is not None).open(), False
+    try:
+        origin = jobs.origin() if resume is not None and jobs.carry(start) else None
+        path = write_job(jobs.root, config, out=str(out.resolve()), actions=actions,
+                         progress=True, checkpoint_at=at, resume=resume)
+        job = json.loads(path.read_text())
+        job.update(parts=jobs.parts.name, until=config.steps if resume else None,
+                   origin_wall=origin, **(extra or {}))
+        path.write_text(json.dumps(job, indent=1))
+        code = launch(jobs.root, config.stages, module=module, on_progress=on_progress,
+                      timeout=timeout)
+        done = jobs.root / "summary.json"  # rank 0 writes it after every rank's last collective
+        if code != 0 and not (done.exists() and out.exists()):
+            raise jobs.failed("training " + (f"timed out after {timeout:g} s" if code == 124
+                                             and timeout else
+                                             f"failed: {failure_message(jobs.root, code)}"))
+        if code != 0:
+            print(f"bubblecast: warning: {failure_message(jobs.root, code)} after training "
+                  f"finished and {out} was written (ignored)", file=sys.stderr)
+        summary = json.loads(done.read_text())
+        ok = True
+    except KeyboardInterrupt:
+        raise jobs.failed("interrupted", 130) from None
+    finally:
+        jobs.close(ok)  # keeps the telemetry unless it is merged into out
+    return summary
+
+
+def signal_name(code: int) -> str:
+    """``-9`` -> ``SIGKILL``: the signal behind a negative exit code."""
+    import signal
+
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def rank_exits(log_text: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of each failed rank in torchrun's error summary, root cause first."""
+    found = [(int(r), int(c)) for r, c in _FAILURE.findall(log_text)]
+    root = log_text.rfind("Root Cause")
+    if root >= 0:
+        first = [(int(r), int(c)) for r, c in _FAILURE.findall(log_text[root:])][:1]
+        found = first + [f for f in found if f not in first]
+    return found
+
+
+def failure_message(job_dir: str | Path, code: int | None = None) -> str:
+    """One line saying why a job failed, naming the rank and the signal.
+
+    In order: torchrun itself killed by a signal (``code`` < 0, launch's exit code); a rank
+    killed by a signal (torchrun's summary: a negative exit code); the first rank's error (the
+    earliest ``error-rank*.txt``: the others are usually its consequence); a rank's exit code;
+    torchrun's last line."""
     root = Path(job_dir)
-    for err in sorted(root.glob("error-rank*.txt")):
+    if code is not None and code < 0:
+        return f"torchrun was killed by {signal_name(code)}"
+    log = root / "torchrun.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    exits = rank_exits(text)
+    for rank, rc in exits:
+        if rc < 0:
+            return f"rank {rank} was killed by {signal_name(rc)}"
+    errors = sorted(root.glob("error-rank*.txt"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    for err in errors:
         first = err.read_text().strip().splitlines()
         if first:
-            return f"{err.stem.removeprefix('error-')}: {first[0]}"
-    log = root / "torchrun.log"
-    lines = [ln for ln in log.read_text().splitlines() if ln.strip()] if log.exists() else []
-    return lines[-1].strip() if lines else "torchrun failed without output"
+            return f"rank {err.stem.removeprefix('error-rank')}: {first[0]}"
+    if exits:
+        return f"rank {exits[0][0]} exited with code {exits[0][1]}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("=-")]
+    return lines[-1] if lines else "torchrun failed without output"

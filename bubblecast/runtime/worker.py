@@ -2,9 +2,13 @@
 
 Runs the job in ``JOB_DIR/job.json`` (see :func:`bubblecast.runtime.launch.write_job`) on this
 rank: scripted actions before their steps, checkpoints, telemetry merged into ``out`` by
-rank 0, ``summary.json`` from rank 0. A failing rank writes ``error-rank{r}.txt`` (a one-line
-reason, then the traceback) and exits 1. A :class:`StepHook` (the closed-loop controller of
-:mod:`bubblecast.runtime.control.worker`) can run around every step and add to the summary.
+rank 0, ``summary.json`` and ``origin.json`` (the clock of the events) from rank 0. Optional
+job keys: ``parts`` (the folder of telemetry parts in ``JOB_DIR``), ``resume`` (a checkpoint
+to start from), ``until`` (the step to stop at; default: ``config.steps`` more steps) and
+``origin_wall`` (the clock of an earlier attempt). A failing rank writes
+``error-rank{r}.txt`` (a one-line reason, then the traceback) and exits 1. A
+:class:`StepHook` (the closed-loop controller of :mod:`bubblecast.runtime.control.worker`)
+can run around every step and add to the summary.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bubblecast.runtime.config import TrainConfig
-from bubblecast.runtime.launch import PROGRESS_PREFIX
+from bubblecast.runtime.launch import PROGRESS_PREFIX, die_with_parent
 
 PROFILE_STEPS = 4
 
@@ -51,17 +55,20 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
 
     config = TrainConfig.from_json(job["config"])
     if job.get("out") and config.events_dir is None:
-        config = replace(config, events_dir=str(job_dir / "parts"))
+        config = replace(config, events_dir=str(job_dir / job.get("parts", "parts")))
     init_distributed(config.backend)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    trainer = Trainer(config, resume=job.get("resume"))
+    trainer = Trainer(config, resume=job.get("resume"), origin_wall=job.get("origin_wall"))
+    if trainer.rank == 0:  # a resumed attempt puts its events on this clock too
+        (job_dir / "origin.json").write_text(json.dumps({"origin_wall": trainer.origin_wall}))
     hook = make_hook(trainer, job) if make_hook is not None else None
     actions: dict[int, list[dict[str, Any]]] = {}
     for item in job.get("actions", []):
         actions.setdefault(int(item["step"]), []).append(item["action"])
     checkpoints = {int(k): v for k, v in job.get("checkpoint_at", {}).items()}
     show = bool(job.get("progress")) and trainer.rank == 0
-    start, end = trainer.step, trainer.step + config.steps
+    start = trainer.step
+    end = int(job["until"]) if job.get("until") is not None else start + config.steps
     prof = profiler(config, trainer.rank) if config.profile_dir else nullcontext()
     t0 = time.perf_counter()
     with prof:
@@ -80,7 +87,7 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
                 prof.step()
             if show:
                 shown = "-" if loss is None else f"{loss:.6g}"
-                print(f"{PROGRESS_PREFIX} {trainer.step - start} {config.steps} {shown}",
+                print(f"{PROGRESS_PREFIX} {trainer.step - start} {end - start} {shown}",
                       flush=True)
     wall = time.perf_counter() - t0
     extra = hook.finish() if hook is not None else {}
@@ -89,8 +96,9 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
     losses = trainer.gather_losses()
     rows = trainer.close(out=job.get("out"))
     if trainer.rank == 0:
-        summary = {"rows": rows, "wall_s": wall, "steps": config.steps,
-                   "step_time_s": wall / config.steps, "losses": losses,
+        ran = max(end - start, 1)
+        summary = {"rows": rows, "wall_s": wall, "steps": ran, "first_step": start,
+                   "step_time_s": wall / ran, "losses": losses,
                    "actions": trainer.actions, "partition": list(trainer.plan.partition),
                    "schedule": trainer.plan.schedule, "microbatches": trainer.plan.microbatches,
                    **extra}
@@ -124,6 +132,11 @@ def main(argv: list[str] | None = None, *, make_hook: HookFactory | None = None,
         return 2
     job_dir = Path(args[0])
     rank = int(os.environ.get("RANK", "0"))
+    arm = die_with_parent()  # torchrun killed (with the command): stop, rather than train on
+    if arm is not None:
+        arm()
+        if os.getppid() == 1:  # it died before we armed
+            return 1
     try:
         run_job(job_dir, json.loads((job_dir / "job.json").read_text()), make_hook)
     except BaseException as exc:  # report, then fail this rank (torchrun stops the others)

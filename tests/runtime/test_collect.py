@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bubblecast.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = ["collect", "--model", "mlp", "--layers", "8", "--stages", "2", "--microbatches", "4",
         "--steps", "5", "--schedule", "1f1b"]
@@ -91,3 +98,107 @@ def _check_kineto(prof: Path) -> None:
     assert sorted(p.name for p in prof.iterdir()) == ["rank0.json", "rank1.json"]
     ev = load_events(prof, "kineto")
     assert set(ev.frame["stage"]) == {0, 1} and {"F", "B"} <= set(ev.frame["op"].astype(str))
+
+
+# -- telemetry kept on failure, failure messages ---------------------------------------------
+CLI = [sys.executable, "-c", "from bubblecast.cli import main; main()"]
+TINY = ["collect", "--layers", "4", "--hidden", "16", "--stages", "2", "--microbatches", "2",
+        "--layer-cost-every", "0"]
+
+
+def _rank_pid(job_dir: Path, rank: int) -> int | None:
+    """The pid of the worker of ``rank`` running the job in ``job_dir`` (from /proc)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(job_dir).encode() in cmd and b"bubblecast.runtime.worker" in cmd \
+                and f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+def _wait_for(predicate, proc: subprocess.Popen, what: str, limit: float = 240.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"the command ended before {what}: {proc.stderr.read()}")
+        time.sleep(0.02)
+    pytest.fail(f"no {what} after {limit} s")
+
+
+@pytest.mark.dist
+def test_a_rank_killed_mid_run_keeps_the_telemetry_so_far(tmp_path: Path) -> None:
+    """Before: the job folder (and every part in it) was deleted, and the error read
+    'training failed (=====...)'. Now the parts stay, and the one line names rank, signal and
+    folder."""
+    from bubblecast.telemetry import read_events
+
+    out = tmp_path / "run.parquet"
+    proc = subprocess.Popen([*CLI, *TINY, "--steps", "100000", "--flush-every", "5",
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    parts = tmp_path / "run.parquet.partial" / "parts-0"
+    try:
+        _wait_for(lambda: len(list(parts.glob("rank0001-*.parquet"))) >= 3, proc, "3 parts")
+        pid = _wait_for(lambda: _rank_pid(parts.parent, 1), proc, "rank 1")
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, err
+    assert lines[0].startswith("bubblecast: error: training failed: rank 1 was killed by "
+                               "SIGKILL; telemetry so far (steps 0-"), lines[0]
+    assert lines[0].endswith(f"kept in {parts}") and not out.exists()
+    ev = read_events(parts)
+    per_rank = ev.frame.groupby("rank")["step"].agg(["min", "max", "nunique"])
+    assert per_rank.loc[1, "min"] == 0 and per_rank.loc[1, "max"] >= 14
+    assert (per_rank["nunique"] == per_rank["max"] + 1).all()  # every step, none missing
+    assert f"steps 0-{per_rank['max'].max()} in {len(list(parts.glob('*.parquet')))} part" \
+        in lines[0]
+    # The next run to the same output refuses to bury them: exit 2, one line, nothing launched.
+    again = subprocess.run([*CLI, *TINY, "--steps", "2", "--out", str(out)], cwd=ROOT,
+                           capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+    assert f"{parts.parent} holds the telemetry of an unfinished run" in again.stderr
+    assert len(read_events(parts)) == len(ev)
+
+
+def _summary(rank: int, code: int, sig: str = "") -> str:
+    return (f"[0]:\n  time      : 2026-12-02_19:51:35\n  host      : localhost\n"
+            f"  rank      : {rank} (local_rank: {rank})\n"
+            f"  exitcode  : {code} (pid: 2846){sig}\n  error_file: <N/A>\n")
+
+
+def test_failure_message_names_rank_and_signal(tmp_path: Path) -> None:
+    from bubblecast.runtime.launch import failure_message
+
+    log = tmp_path / "torchrun.log"
+    banner = "=" * 54 + "\nbubblecast.runtime.worker FAILED\n" + "-" * 54 + "\nFailures:\n"
+    log.write_text(banner + _summary(0, -15, "  (SIGTERM)") + "-" * 54
+                   + "\nRoot Cause (first observed failure):\n" + _summary(1, -9, "  (SIGKILL)")
+                   + "=" * 54 + "\n")
+    assert failure_message(tmp_path) == "rank 1 was killed by SIGKILL"
+    assert failure_message(tmp_path, -9) == "torchrun was killed by SIGKILL"
+    # A rank that raised: its own first line, the earliest error file (the others follow it).
+    log.write_text(banner + "Root Cause (first observed failure):\n" + _summary(0, 1)
+                   + "=" * 54 + "\n")
+    (tmp_path / "error-rank1.txt").write_text("ValueError: bad batch\nTraceback ...\n")
+    later = tmp_path / "error-rank0.txt"
+    later.write_text("RuntimeError: Connection closed by peer\n")
+    os.utime(later, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert failure_message(tmp_path) == "rank 1: ValueError: bad batch"
+    for f in tmp_path.glob("error-*"):
+        f.unlink()
+    assert failure_message(tmp_path) == "rank 0 exited with code 1"

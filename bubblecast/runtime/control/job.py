@@ -1,7 +1,8 @@
 """Launching a controlled run here (``bubblecast run``, the live benchmark) and summarising it.
 
 :func:`launch_controlled` writes the job (train config, controller config, scripted actions,
-the external decider's import path) into a temporary directory beside ``out``, runs
+the external decider's import path) into ``OUT.partial`` beside ``out`` (kept with the
+telemetry so far when training fails: :mod:`bubblecast.runtime.jobdir`), runs
 ``python -m bubblecast.runtime.control.worker`` under torchrun, and
 returns rank 0's summary plus derived figures; :func:`write_actions` writes the decisions and
 applied actions as one JSON document, atomically. No torch import here.
@@ -10,15 +11,16 @@ applied actions as one JSON document, atomically. No torch import here.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bubblecast.errors import BubblecastError
 from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.control.config import ControllerConfig
+
+if TYPE_CHECKING:
+    from bubblecast.runtime.checkpoint import CheckpointOptions
 
 WORKER = "bubblecast.runtime.control.worker"
 Progress = Callable[[int, int, float | None], None]
@@ -27,34 +29,25 @@ Progress = Callable[[int, int, float | None], None]
 def launch_controlled(config: TrainConfig, control: ControllerConfig, out: str | Path, *,
                       scripted: list[dict[str, Any]] | None = None,
                       on_progress: Progress | None = None, timeout: float | None = None,
-                      ab_block: int = 0, decider: str | None = None) -> dict[str, Any]:
-    """Run the job; rank 0's summary with :func:`derived` figures. RuntimeError (one line)
-    when training fails.
+                      ab_block: int = 0, decider: str | None = None,
+                      checkpoints: CheckpointOptions | None = None) -> dict[str, Any]:
+    """Run the job; rank 0's summary with :func:`derived` figures.
+    :class:`~bubblecast.runtime.jobdir.TrainingFailed` (one line naming the rank, the signal
+    and where the telemetry so far is kept) when training fails.
 
     ``decider``: import path (``module:factory``) of the external decider that
     ``control.service`` is asked through (see :class:`.decide.ExternalDecider`); the worker
     imports it, so that runtime itself never imports the package that provides it.
+    ``checkpoints``: save every N steps, or resume (see :func:`.launch.run_out_job`).
     """
-    from bubblecast.runtime.launch import failure_message, launch, write_job
+    from bubblecast.runtime.launch import run_out_job
 
     if control.service is not None and decider is None:
         raise BubblecastError("--service: needs an external decider (module:factory)")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    job_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.run-", dir=out.parent))
-    try:
-        path = write_job(job_dir, config, out=str(out.resolve()), actions=scripted,
-                         progress=True)
-        job = json.loads(path.read_text())
-        job.update(control=control.to_json(), ab_block=int(ab_block), decider=decider)
-        path.write_text(json.dumps(job, indent=1))
-        code = launch(job_dir, config.stages, module=WORKER, on_progress=on_progress,
-                      timeout=timeout)
-        if code != 0:
-            raise RuntimeError(f"training failed ({failure_message(job_dir)})")
-        summary = json.loads((job_dir / "summary.json").read_text())
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+    summary = run_out_job(out, config, actions=scripted, checkpoints=checkpoints, module=WORKER,
+                          extra={"control": control.to_json(), "ab_block": int(ab_block),
+                                 "decider": decider},
+                          on_progress=on_progress, timeout=timeout)
     summary.update(derived(summary, config))
     return summary
 
