@@ -33,6 +33,11 @@ BASE = ["collect", "--model", "mlp", "--layers", "8", "--stages", "2", "--microb
     (["--batch-size", "6"], "does not split"),
     (["--action", "10:teleport=1"], "--action"),
     (["--partition", "4,x"], "comma-separated integers"),
+    (["--checkpoint-every", "5"], "--checkpoint-every: needs --checkpoint-dir"),
+    (["--resume"], "--resume: needs --checkpoint-dir"),
+    (["--checkpoint-dir", "/nonexistent/ckpt"], "give --checkpoint-every N"),
+    (["--checkpoint-dir", "/nonexistent/ckpt", "--checkpoint-every", "0"], "positive integer"),
+    (["--checkpoint-dir", "/nonexistent/ckpt", "--resume"], "no complete checkpoint in"),
 ])
 def test_bad_requests_exit_2_before_launch(extra: list[str], message: str, tmp_path: Path,
                                            capsys: pytest.CaptureFixture,

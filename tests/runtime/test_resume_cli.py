@@ -74,3 +74,27 @@ def test_killed_run_resumes_bit_identically(tmp_path: Path,
     assert sorted(ev["step"].unique()) == list(range(STEPS))
     by_step = ev.groupby("step")["start_s"]
     assert by_step.min().loc[start] > by_step.max().loc[start - 1]  # one clock, in order
+
+
+def test_resume_refuses_a_checkpoint_that_does_not_fit(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from bubblecast.errors import BubblecastError
+    from bubblecast.runtime.checkpoint import CheckpointOptions, step_dir
+    from bubblecast.runtime.config import ModelSpec
+
+    model = asdict(ModelSpec(layers=4, hidden=16))
+    for step in (10, 20):
+        step_dir(tmp_path, step).mkdir()
+        (step_dir(tmp_path, step) / "meta.json").write_text(json.dumps({"step": step,
+                                                                         "model": model}))
+    step_dir(tmp_path, 30).mkdir()  # killed while saving: no meta.json, not complete
+    options = CheckpointOptions(str(tmp_path), every=10, resume=True)
+    resume, start, at = options.resolve(model, 50)
+    assert (resume, start) == (str(step_dir(tmp_path, 20)), 20)
+    assert at == {30: str(step_dir(tmp_path, 30)), 40: str(step_dir(tmp_path, 40)),
+                  50: str(step_dir(tmp_path, 50))}
+    with pytest.raises(BubblecastError, match="--steps 20 leaves nothing to run"):
+        options.resolve(model, 20)
+    with pytest.raises(BubblecastError, match="--resume: checkpoint .* is of model"):
+        options.resolve({**model, "hidden": 32}, 50)
