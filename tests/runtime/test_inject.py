@@ -57,3 +57,35 @@ def test_malformed_specs(text: str, message: str) -> None:
 
 def test_empty_means_none() -> None:
     assert parse_inject(None) == [] and parse_inject("  ") == []
+
+
+def test_device_delay_is_calibrated_and_waits_once_per_op_kind() -> None:
+    """On CUDA a slowdown queues spin cycles on the stream (fake device clock here): the spin
+    rate is calibrated, each (chunk, op) waits once for its own time, later ones follow the
+    latest measured time without waiting."""
+    from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
+    from tests.runtime.test_recorder import HZ, FakeBackend
+
+    backend = FakeBackend()
+    timer = EventTimer(backend)
+    delay = DeviceDelay(timer)
+    assert delay.cycles_per_s == pytest.approx(HZ)
+    waits = timer.syncs
+
+    def op(seconds: float, factor: float) -> float:
+        start = timer.mark()
+        backend.device.now += seconds
+        delay.stretch(start, (0, "F"), factor)
+        return timer.elapsed(start, timer.mark())
+
+    assert op(0.004, 2.5) == pytest.approx(0.010)  # first: waits for its own 4 ms
+    assert timer.syncs == waits + 2  # that wait, and the elapsed() above
+    assert op(0.004, 2.5) == pytest.approx(0.010)  # from the estimate, no wait
+    assert timer.syncs == waits + 3
+    delay.refresh()  # the op got slower (6 ms): the next delay follows it
+    assert op(0.006, 2.0) == pytest.approx(0.010)  # estimate still 4 ms: 6 + 4
+    delay.refresh()
+    assert op(0.006, 2.0) == pytest.approx(0.012)
+    before = backend.device.now
+    delay.sleep_s(0.0)  # nothing queued for no delay
+    assert backend.device.now == before
