@@ -40,6 +40,11 @@ def layer_costs(meta: RunMeta) -> np.ndarray | None:
     for key in LAYER_COST_KEYS:
         value = meta.extra.get(key)
         if isinstance(value, (list, tuple)) and value:
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+                bad = next(x for x in value if not isinstance(x, (int, float))
+                           or isinstance(x, bool))
+                raise BubblecastError(f"run metadata '{key}': expected a list of numbers, "
+                                      f"got {type(bad).__name__} {bad!r:.40}")
             return np.asarray(value, dtype=np.float64)
     return None
 
@@ -149,7 +154,10 @@ def _cost_held(keys: pd.DataFrame, layers: np.ndarray, runs: dict[str, RunMeta],
     all_replica = keys["replica"].to_numpy()
     for run_id, rows in slices.items():
         meta = runs.get(run_id)
-        costs = layer_costs(meta) if meta is not None else None
+        try:
+            costs = layer_costs(meta) if meta is not None else None
+        except BubblecastError as exc:
+            raise BubblecastError(f"run '{run_id}': {exc}") from None
         if costs is None:
             continue
         prefix = np.r_[0.0, np.cumsum(costs)]
