@@ -1,7 +1,11 @@
-"""``bubblecast serve``: the prediction service over HTTP (FastAPI + uvicorn)."""
+"""``bubblecast serve``: the prediction service over HTTP (FastAPI + uvicorn).
+
+The port is bound once the model is loaded, before anything is printed, and handed to
+uvicorn: a busy port or an unknown host is one ``bubblecast: error:`` line and exit 2."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import typer
@@ -46,12 +50,43 @@ def serve(
         raise BubblecastError(f"--watch-interval: must be >= 0, got {watch_interval}")
     config = ServeConfig(token=token, max_body_bytes=max_body_bytes,
                          watch_interval_s=watch_interval or None)
-    if host not in _LOOPBACK and token is None:
-        print(f"bubblecast: warning: serving on {host} without --token-file", file=sys.stderr)
     predictor = Predictor.from_source(model, tracking_uri=tracking_uri)
-    import uvicorn
+    sock = bind(host, port)  # before anything is printed: a busy port is a one-line error
+    try:
+        if host not in _LOOPBACK and token is None:
+            print(f"bubblecast: warning: serving on {host} without --token-file",
+                  file=sys.stderr)
+        import uvicorn
 
-    print(f"bubblecast: serving {predictor.info.name} version {predictor.info.version} on "
-          f"http://{host}:{port}", file=sys.stderr)
-    uvicorn.run(create_app(predictor, source=model, config=config), host=host, port=port,
-                log_level=log_level, access_log=False, server_header=False)
+        port = sock.getsockname()[1]  # the one the system chose for --port 0
+        print(f"bubblecast: serving {predictor.info.name} version {predictor.info.version} "
+              f"on http://{host}:{port}", file=sys.stderr)
+        server = uvicorn.Server(uvicorn.Config(
+            create_app(predictor, source=model, config=config), host=host, port=port,
+            log_level=log_level, access_log=False, server_header=False))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for uvicorn to serve on (so nothing can take the port
+    between this check and the server start); BubblecastError (one line) when the address is
+    unknown or the port is in use."""
+    from bubblecast.errors import BubblecastError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise BubblecastError(f"--host {host}: unknown address ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.set_inheritable(True)
+    except OSError as exc:
+        sock.close()
+        raise BubblecastError(f"--port {port}: cannot listen on {host}:{port} "
+                              f"({exc.strerror or exc})") from None
+    return sock

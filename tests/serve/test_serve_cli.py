@@ -52,6 +52,27 @@ def ewma_dir(tmp_path_factory):
                       metrics={"h1": {"mae": 0.5}})
 
 
+def test_busy_port_exits_2_before_printing_anything(ewma_dir, capsys):
+    """Before: 'serving ...' was printed, then uvicorn failed to bind and the command exited
+    3. Now the port is bound first: one error line, exit 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = _one_line_error(capsys, main(["serve", "--model", str(ewma_dir),
+                                            "--port", str(port)]))
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in err
+    assert "serving" not in err
+
+
+def test_unknown_host_exits_2(ewma_dir, capsys):
+    err = _one_line_error(capsys, main(["serve", "--model", str(ewma_dir), "--host",
+                                        "no-such-host.invalid", "--port", "0"]))
+    assert "--host no-such-host.invalid: unknown address" in err
+
+
 def test_serve_command_end_to_end(ewma_dir, tmp_path):
     token = tmp_path / "token"
     token.write_text("sekrit\n")
