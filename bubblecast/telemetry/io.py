@@ -244,6 +244,8 @@ def to_table(events: Events, source: str = "<memory>") -> pa.Table:
     for name in names:
         typ = REQUIRED.get(name, OPTIONAL.get(name))
         required = name in REQUIRED
+        if not required and typ == pa.string() and pd.api.types.is_numeric_dtype(frame[name]):
+            typ = None  # e.g. a device index: kept as the number it is
         try:
             arr = _column_array(frame[name], typ, required)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:

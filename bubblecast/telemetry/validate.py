@@ -27,7 +27,6 @@ _INT_DTYPES = {"step": "int64", "rank": "int32", "stage": "int32", "replica": "i
                "chunk": "int32", "microbatch": "int32"}  # fmt: skip
 _OPT_INT = {"layers": "int32", "tokens": "int64"}
 _OPT_FLOAT = tuple(c for c, t in OPTIONAL.items() if pa.types.is_floating(t))
-_OPT_STRING = tuple(c for c, t in OPTIONAL.items() if pa.types.is_string(t))
 _N_COMPUTE = len(COMPUTE_OPS)
 assert OPS[:_N_COMPUTE] == COMPUTE_OPS  # compute ops are the first op codes
 
@@ -107,9 +106,6 @@ def _check_column_types(frame: pd.DataFrame, source: str) -> None:
     for col in _OPT_FLOAT:
         if col in frame.columns and not _is_number(frame[col]):
             raise SchemaError(source, col, None, f"expected float, got {frame[col].dtype}")
-    for col in _OPT_STRING:
-        if col in frame.columns and not _is_stringlike(frame[col].dtype):
-            raise SchemaError(source, col, None, f"expected string, got {frame[col].dtype}")
 
 
 def _restore_optional_ints(frame: pd.DataFrame) -> pd.DataFrame:

@@ -251,3 +251,11 @@ def test_every_command_exits_2_on_a_string_speed_column(tmp_path, capsys, comman
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "column 'speed': expected float" in err and err.count("\n") == 1
+
+
+def test_a_numeric_device_column_is_kept_as_a_number(tmp_path):
+    b = EventsBuilder()
+    b.add("r", step=0, rank=0, stage=0, op="F", microbatch=0, start_s=0.0, duration_s=1.0,
+          device=3, host="node-1")
+    back = read_events(write_events(b.build(), tmp_path / "d.parquet"))
+    assert back.frame["device"].tolist() == [3] and back.frame["host"].tolist() == ["node-1"]
