@@ -16,7 +16,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +160,9 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
         job.update(parts=jobs.parts.name, until=config.steps if resume else None,
                    origin_wall=origin, **(extra or {}))
         path.write_text(json.dumps(job, indent=1))
-        code = launch(jobs.root, config.stages, module=module, on_progress=on_progress,
-                      timeout=timeout)
+        with _sigterm_interrupts():
+            code = launch(jobs.root, config.stages, module=module, on_progress=on_progress,
+                          timeout=timeout)
         done = jobs.root / "summary.json"  # rank 0 writes it after every rank's last collective
         if code != 0 and not (done.exists() and out.exists()):
             raise jobs.failed("training " + (f"timed out after {timeout:g} s" if code == 124
@@ -171,11 +173,33 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
                   f"finished and {out} was written (ignored)", file=sys.stderr)
         summary = json.loads(done.read_text())
         ok = True
-    except KeyboardInterrupt:
-        raise jobs.failed("interrupted", 130) from None
+    except KeyboardInterrupt as exc:
+        by = str(exc.args[0]) if exc.args else ""
+        raise jobs.failed(f"interrupted by {by}" if by else "interrupted",
+                          143 if by == "SIGTERM" else 130) from None
     finally:
         jobs.close(ok)  # keeps the telemetry unless it is merged into out
     return summary
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """In the main thread, SIGTERM raises ``KeyboardInterrupt("SIGTERM")`` until the block
+    ends: torchrun is stopped and the telemetry kept and named, as after Ctrl-C."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def signal_name(code: int) -> str:

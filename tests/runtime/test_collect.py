@@ -180,6 +180,30 @@ def test_a_rank_killed_mid_run_keeps_the_telemetry_so_far(tmp_path: Path) -> Non
     assert len(read_events(parts)) == len(ev)
 
 
+@pytest.mark.dist
+def test_a_terminated_command_stops_its_ranks_and_says_where_the_telemetry_is(
+        tmp_path: Path) -> None:
+    """SIGTERM to collect (before: it died at once, leaving a hidden job folder and torchrun
+    training on): it stops torchrun and its ranks, keeps the parts, names them, exits 143."""
+    out = tmp_path / "run.parquet"
+    proc = subprocess.Popen([*CLI, *TINY, "--steps", "100000", "--flush-every", "5",
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    parts = tmp_path / "run.parquet.partial" / "parts-0"
+    try:
+        _wait_for(lambda: any(parts.glob("rank0001-*.parquet")), proc, "a part")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.count("\n") == 1, err
+    assert err.startswith("bubblecast: error: interrupted by SIGTERM; telemetry so far (steps 0-")
+    assert err.strip().endswith(f"kept in {parts}")
+    assert _rank_pid(parts.parent, 0) is None and _rank_pid(parts.parent, 1) is None
+
+
 def _summary(rank: int, code: int, sig: str = "") -> str:
     return (f"[0]:\n  time      : 2026-12-02_19:51:35\n  host      : localhost\n"
             f"  rank      : {rank} (local_rank: {rank})\n"
