@@ -42,6 +42,11 @@ def partial_dir(out: str | Path) -> Path:
     return out.with_name(out.name + SUFFIX)
 
 
+def _number(attempt: Path) -> int:
+    """``parts-3`` -> 3."""
+    return int(attempt.name.removeprefix("parts-"))
+
+
 def _has_parts(folder: Path) -> bool:
     return folder.is_dir() and any(not f.name.startswith(".") for f in folder.glob("*.parquet"))
 
@@ -82,9 +87,9 @@ class JobDir:
 
     def attempts(self) -> list[Path]:
         """The ``parts-{n}`` folders holding parts, oldest first."""
-        found = [(int(m.group(1)), p) for p in self.root.glob("parts-*")
-                 if (m := _ATTEMPT.fullmatch(p.name)) and _has_parts(p)]
-        return [p for _, p in sorted(found)]
+        found = [p for p in self.root.glob("parts-*")
+                 if _ATTEMPT.fullmatch(p.name) and _has_parts(p)]
+        return sorted(found, key=_number)
 
     def open(self) -> JobDir:
         """Create and lock the folder; BubblecastError (one line) if it is in use or holds an
@@ -108,12 +113,10 @@ class JobDir:
                                   "with --resume, or move it away first")
         for child in self.root.iterdir():  # what the last attempt left, but its parts/clock
             keep = child.name == ".lock" or (earlier and (child.name == "origin.json" or
-                                                          _ATTEMPT.fullmatch(child.name)))
+                                                          child in earlier))
             if not keep:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
-        numbers = [int(m.group(1)) for p in self.root.glob("parts-*")
-                   if (m := _ATTEMPT.fullmatch(p.name))]
-        self.parts = self.root / f"parts-{max(numbers, default=-1) + 1}"
+        self.parts = self.root / f"parts-{_number(earlier[-1]) + 1 if earlier else 0}"
         self.parts.mkdir()
         return self
 
@@ -124,15 +127,20 @@ class JobDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def carry(self, before: int) -> int:
+    def carry(self, before: int, run_id: str) -> int:
         """Copy the latest earlier attempt's rows of steps < ``before`` into this attempt's
-        parts (``carried.parquet``), then remove the earlier attempts; the rows carried."""
+        parts (``carried.parquet``), then remove the earlier attempts; the rows carried.
+        BubblecastError when they are another run's (another ``--run-id``)."""
         from bubblecast.telemetry import from_frame, read_events, write_events
 
         earlier = [p for p in self.attempts() if p != self.parts]
         if not earlier:
             return 0
         events = read_events(earlier[-1])
+        if set(events.runs) != {run_id}:
+            raise BubblecastError(f"--resume: {earlier[-1]} holds run "
+                                  f"{', '.join(map(repr, sorted(events.runs)))}, this run is "
+                                  f"'{run_id}' (same --run-id, or move the folder away)")
         frame = events.frame
         keep = frame.loc[frame["step"] < before].reset_index(drop=True)
         if len(keep):

@@ -153,7 +153,7 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
     out = Path(out)
     jobs, ok = JobDir(out, resuming=resume is not None).open(), False
     try:
-        origin = jobs.origin() if resume is not None and jobs.carry(start) else None
+        origin = jobs.origin() if resume is not None and jobs.carry(start, config.run_id) else None
         path = write_job(jobs.root, config, out=str(out.resolve()), actions=actions,
                          progress=True, checkpoint_at=at, resume=resume)
         job = json.loads(path.read_text())

@@ -98,3 +98,33 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(tmp_path: Path) -> None:
         options.resolve(model, 20)
     with pytest.raises(BubblecastError, match="--resume: checkpoint .* is of model"):
         options.resolve({**model, "hidden": 32}, 50)
+
+
+def test_job_folder_locks_refuses_and_carries(tmp_path: Path) -> None:
+    """OUT.partial without processes: a second job is locked out; a failed job's parts stay
+    and bar a fresh job; a resuming one carries the rows before its checkpoint, once."""
+    from bubblecast.errors import BubblecastError
+    from bubblecast.runtime.jobdir import JobDir
+    from bubblecast.telemetry import read_events, write_events
+    from tests.dataset.synth import make_events
+
+    out = tmp_path / "run.parquet"
+    first = JobDir(out).open()
+    with pytest.raises(BubblecastError, match="another collect or run is writing"):
+        JobDir(out).open()
+    ev = make_events(runs=1, steps=30, stages=2, prefix="run")
+    write_events(ev, first.parts / "rank0000-000000.parquet")
+    failed = first.failed("training failed: rank 1 was killed by SIGKILL")
+    assert str(failed).endswith(f"(steps 0-29 in 1 part file) kept in {first.parts}")
+    with pytest.raises(BubblecastError, match="holds the telemetry of an unfinished run"):
+        JobDir(out).open()
+    other = JobDir(out, resuming=True).open()
+    with pytest.raises(BubblecastError, match="holds run 'run0', this run is 'other'"):
+        other.carry(20, "other")
+    assert other.close(ok=False) == first.parts
+    again = JobDir(out, resuming=True).open()
+    assert again.parts.name == "parts-1" and again.carry(20, "run0") > 0
+    kept = read_events(again.parts).frame
+    assert sorted(kept["step"].unique()) == list(range(20))
+    assert [p.name for p in again.attempts()] == ["parts-1"]  # parts-0 gone once carried
+    assert again.close(ok=True) is None and not again.root.exists()
