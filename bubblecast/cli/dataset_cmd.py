@@ -10,6 +10,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option, parse_int_list
+from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option
 
 
 @contextmanager
@@ -37,19 +38,21 @@ def progress_notes(enabled: bool = True) -> Iterator[Callable[[str], None]]:
 @app.command()
 def dataset(
     runs: list[Path] = typer.Argument(..., help="Events files or directories (one or more)."),
-    out: Path = typer.Option(..., "--out", help="Features file to write (Parquet)."),
+    out: str = typer.Option(..., "--out", help="Features file to write (Parquet); DIR/ (and "
+                            "always with --cluster) a dataset partitioned by run."),
     horizons: str = typer.Option("1,5,10", "--horizons", help="Steps ahead, comma-separated."),
     windows: str = typer.Option("5,20,60", "--windows",
                                 help="Rolling windows in steps; the longest is the history."),
     lags: int = typer.Option(32, "--lags", help="Lagged values kept (sequence length)."),
     format: str = format_option(),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = skip_bad_runs_option(),
 ) -> None:
     """Build features and per-horizon targets (one row per run, replica, stage and step)."""
-    from bubblecast.dataset import DatasetConfig, build_dataset, write_features
+    from bubblecast.dataset import DatasetConfig
     from bubblecast.errors import BubblecastError
-    from bubblecast.telemetry.events import Events
-    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+    from bubblecast.telemetry.fleet import is_directory_target
 
     hz = parse_int_list(horizons, "--horizons")
     ws = parse_int_list(windows, "--windows")
@@ -58,10 +61,48 @@ def dataset(
                                max_period=min(30, max(2, max(ws or [2]) // 2)))
     except ValueError as exc:
         raise BubblecastError(str(exc)) from None
+    if cluster is not None or is_directory_target(out):
+        summary = _partitioned(runs, out, config, format, cluster, skip_bad_runs, json_out)
+    else:
+        summary = _in_process(runs, out, config, format, skip_bad_runs, json_out)
+    if json_out:
+        emit_json(summary)
+    else:
+        typer.echo(f"wrote {summary['rows']} rows ({summary['runs']} runs, "
+                   f"{summary['features']} features, horizons {horizons}) to {out}")
+
+
+def _partitioned(runs: list[Path], out: str, config: object, format: str, cluster: str | None,
+                 skip_bad: bool, json_out: bool) -> dict:
+    """Features built run by run (on Dask with ``cluster``) into a dataset partitioned by run."""
+    from bubblecast.dataset.builder import build_partitioned
+    from bubblecast.telemetry.cluster import executor, note_skipped
+
+    with executor(cluster, progress=not json_out) as ex:
+        summary = build_partitioned(runs, out, config, ex, format=format, skip_bad=skip_bad,
+                                    sources=[str(p) for p in runs])
+    note_skipped(summary.get("skipped_runs", []))
+    return summary
+
+
+def _in_process(runs: list[Path], out: str, config: object, format: str, skip_bad: bool,
+                json_out: bool) -> dict:
+    """Today's path: every input read into this process, one features file written."""
+    from bubblecast.dataset import build_dataset, write_features
+    from bubblecast.errors import BubblecastError
+    from bubblecast.telemetry.cluster import load_runs
+    from bubblecast.telemetry.events import Events
+    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+
     with progress_notes(not json_out) as note:
-        parts = []
+        parts, skipped = [], []
         for path in runs:
             note(f"reading {path}")
+            if skip_bad:
+                ev, bad = load_runs([path], format, skip_bad=True, command="dataset")
+                parts.append(ev)
+                skipped += bad
+                continue
             parts.append(load_events(path, format))
             require_per_op(parts[-1], "dataset", path)
         events = parts[0] if len(parts) == 1 else Events.concat(parts)
@@ -76,8 +117,6 @@ def dataset(
                "horizons": list(config.horizons),
                "features": sum(c.startswith(("f_", "x")) for c in frame.columns),
                "fingerprint": meta.fingerprint, "timing": timing_of(events)}
-    if json_out:
-        emit_json(summary)
-    else:
-        typer.echo(f"wrote {summary['rows']} rows ({summary['runs']} runs, "
-                   f"{summary['features']} features, horizons {horizons}) to {out}")
+    if skip_bad:
+        summary["skipped_runs"] = skipped
+    return summary

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from bubblecast.cli import app
@@ -27,7 +25,8 @@ def simulate(
                                  help="none, jitter, throttle, failslow, periodic, seqlen, "
                                       "imbalance or mixed."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
-    out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
+    out: str = typer.Option(..., "--out", help="Events Parquet file to write; a directory "
+                             "(DIR/) writes a fleet: one run_id=<id>/ per run."),
     model: str | None = typer.Option(None, "--model",
                                      help="uniform:L, a JSON layer-cost file or a PipeDream "
                                           "graph.txt profile."),
@@ -40,7 +39,8 @@ def simulate(
 ) -> None:
     """Simulate a pipeline schedule and write its events."""
     from bubblecast.errors import BubblecastError
-    from bubblecast.sim.simulator import SimConfig, simulate_events
+    from bubblecast.sim.simulator import SimConfig, simulate_events, simulate_fleet
+    from bubblecast.telemetry.fleet import is_directory_target
     from bubblecast.telemetry.io import write_events
 
     given = {name: value for name, value in (("--f", f), ("--b", b), ("--w", w))
@@ -54,10 +54,14 @@ def simulate(
         comm=comm, model=model, partition=parse_int_list(partition, "--partition"),
         steps=steps, replicas=replicas, scenario=scenario, seed=seed, runs=runs, run_id=run_id,
     )
-    events = simulate_events(config)
-    write_events(events, out)
-    if json_out:
-        emit_json({"out": str(out), "runs": len(events.runs), "run_ids": list(events.runs),
-                   "events": len(events)})
+    if is_directory_target(out):  # a fleet, written a run at a time
+        run_ids, n_events = simulate_fleet(config, out)
     else:
-        typer.echo(f"wrote {len(events)} events of {len(events.runs)} run(s) to {out}")
+        events = simulate_events(config)
+        write_events(events, out)
+        run_ids, n_events = list(events.runs), len(events)
+    if json_out:
+        emit_json({"out": str(out), "runs": len(run_ids), "run_ids": run_ids,
+                   "events": n_events})
+    else:
+        typer.echo(f"wrote {n_events} events of {len(run_ids)} run(s) to {out}")

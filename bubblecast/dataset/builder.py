@@ -50,3 +50,74 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
                         sources=list(sources or []), run_info=run_info(events))
     frame.attrs["bubblecast_features"] = meta.to_json()
     return frame, meta
+
+
+def build_unit(unit: Any, format: str, config: DatasetConfig, tmp: str,
+               skip_bad: bool = False) -> dict[str, Any]:
+    """One unit of a partitioned build (a fleet run, or a file of runs), on any worker: read
+    it, build its features and write one part per run under ``tmp``; return what the reduce
+    needs (rows, row hashes, run ids and run info), never the rows themselves."""
+    from pathlib import Path
+
+    from bubblecast.dataset.store import row_hashes, write_features
+    from bubblecast.errors import BubblecastError
+    from bubblecast.telemetry.fleet import PART_NAME, run_dir_name
+    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+
+    try:
+        events = load_events(unit.path, format)
+        require_per_op(events, "dataset", unit.path)
+    except BubblecastError as exc:
+        where = f"run '{unit.run_id}': " if unit.run_id is not None else ""
+        if not skip_bad:
+            raise BubblecastError(f"{where}{exc}") from None
+        return {"skipped": [{"run_id": unit.run_id, "path": str(unit.path), "error": str(exc)}]}
+    frame, meta = build_dataset(events, config)
+    hashes = row_hashes(frame)
+    for run_id, part in frame.groupby("run_id", sort=False, observed=True):
+        part = part.reset_index(drop=True)
+        part.attrs = {}
+        part_meta = FeaturesMeta(config=config, fingerprint=fingerprint(part, config),
+                                 runs=[str(run_id)], run_info={str(run_id): meta.run_info.get(
+                                     str(run_id), {})})
+        write_features(part, part_meta, Path(tmp) / run_dir_name(str(run_id)) / PART_NAME)
+    return {"runs": meta.runs, "rows": len(frame), "hashes": hashes,
+            "run_info": meta.run_info, "timing": timing_of(events), "skipped": [],
+            "features": sum(c.startswith(("f_", "x")) for c in frame.columns)}
+
+
+def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executor: Any,
+                      format: str = "auto", skip_bad: bool = False,
+                      sources: list[str] | None = None) -> dict[str, Any]:
+    """Build the features of ``paths`` unit by unit with ``executor`` (this process or Dask)
+    into ``out``, a dataset partitioned by run; the ``dataset --json`` summary.
+
+    Rows, fingerprint and metadata equal those of :func:`build_dataset` on all the events at
+    once; only per-unit summaries come back to this process. ``out`` appears whole or not at
+    all (parts go to a hidden temporary directory renamed at the end)."""
+    from bubblecast.dataset.store import fingerprint_of, finish_partitioned, partition_tmp
+    from bubblecast.errors import BubblecastError
+    from bubblecast.telemetry.fleet import units_of
+
+    units = units_of(paths)
+    with partition_tmp(out) as tmp:
+        results = executor.map(build_unit, units, format, config, str(tmp), skip_bad,
+                               label="features")
+        done = [r for r in results if "runs" in r]
+        skipped = [s for r in results for s in r["skipped"]]
+        runs = [run for r in done for run in r["runs"]]
+        if len(set(runs)) != len(runs):
+            raise BubblecastError("the inputs share run ids; each run must come from one file")
+        if not done:
+            raise BubblecastError(f"no run could be read ({len(skipped)} skipped)")
+        run_info = {k: v for r in done for k, v in r["run_info"].items()}
+        meta = FeaturesMeta(config=config, fingerprint=fingerprint_of(
+            [r["hashes"] for r in done], config), runs=runs, sources=list(sources or []),
+            run_info=run_info)
+        finish_partitioned(tmp, out, meta)
+    timings = {r["timing"] for r in done}
+    return {"out": str(out), "rows": sum(r["rows"] for r in done), "runs": len(runs),
+            "horizons": list(config.horizons), "features": done[0]["features"],
+            "fingerprint": meta.fingerprint,
+            "timing": timings.pop() if len(timings) == 1 else "mixed",
+            **({"skipped_runs": skipped} if skip_bad else {})}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,9 @@ from bubblecast.dataset.config import FEATURES_VERSION, DatasetConfig
 from bubblecast.errors import BubblecastError
 
 METADATA_KEY = b"bubblecast.features"
+#: In a features dataset partitioned by run (``DIR/run_id=<id>/part-00000.parquet``), the file
+#: holding the schema and the whole dataset's metadata (Parquet's dataset convention).
+COMMON_METADATA = "_common_metadata"
 
 
 @dataclass
@@ -43,12 +48,24 @@ class FeaturesMeta:
 
 def fingerprint(frame: pd.DataFrame, config: DatasetConfig) -> str:
     """A short content hash of the rows (keys, signal, work, targets) and the build config."""
+    return fingerprint_of([row_hashes(frame)], config)
+
+
+def row_hashes(frame: pd.DataFrame) -> np.ndarray:
+    """One 64-bit hash per row of the columns the fingerprint covers (by value, so a run's
+    rows hash alike alone or among other runs)."""
     cols = [c for c in frame.columns if c in ("run_id", "replica", "stage", "step", "y", "work",
                                               "layers") or c.startswith(("y_h", "s_h"))]
+    return np.ascontiguousarray(pd.util.hash_pandas_object(frame[cols], index=False).to_numpy())
+
+
+def fingerprint_of(hashes: list[np.ndarray], config: DatasetConfig) -> str:
+    """The fingerprint of rows whose :func:`row_hashes` are ``hashes`` (parts in row order):
+    a dataset built run by run gets the fingerprint of the same rows built at once."""
     h = hashlib.sha256(json.dumps(config.to_json(), sort_keys=True).encode())
     h.update(str(FEATURES_VERSION).encode())
-    hashed = pd.util.hash_pandas_object(frame[cols], index=False).to_numpy()
-    h.update(np.ascontiguousarray(hashed).tobytes())
+    for part in hashes:
+        h.update(np.ascontiguousarray(part).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -71,7 +88,12 @@ def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
     import pyarrow.parquet as pq
 
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():  # a dataset partitioned by run: its metadata file
+        if not (p / COMMON_METADATA).is_file():
+            raise BubblecastError(f"{p}: not a bubblecast features dataset (no "
+                                  f"{COMMON_METADATA}; build one with `bubblecast dataset`)")
+        p = p / COMMON_METADATA
+    elif not p.is_file():
         raise BubblecastError(f"{p}: no such features file")
     try:
         raw = (pq.read_schema(p).metadata or {}).get(METADATA_KEY)
@@ -103,9 +125,74 @@ def read_features(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, FeaturesM
     import pyarrow.parquet as pq
 
     meta = read_features_meta(path)
-    frame = pq.read_table(path).to_pandas()
+    if Path(path).is_dir():
+        import pyarrow as pa
+
+        tables = [pq.read_table(f) for f in partition_files(path, meta)]
+        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    else:
+        frame = pq.read_table(path).to_pandas()
     for col in ("run_id", "scenario"):
         if col in frame.columns and not isinstance(frame[col].dtype, pd.CategoricalDtype):
             frame[col] = frame[col].astype(str).astype("category")
     frame.attrs["bubblecast_features"] = meta.to_json()
     return frame, meta
+
+
+def partition_files(path: str | os.PathLike[str], meta: FeaturesMeta) -> list[Path]:
+    """The parts of a features dataset in its runs' order (the order of an in-process build);
+    runs that gave no rows have none."""
+    from bubblecast.telemetry.fleet import fleet_runs
+
+    dirs = fleet_runs(path)
+    order = {run: i for i, run in enumerate(meta.runs)}
+    runs = sorted(dirs, key=lambda r: (order.get(r, len(order)), r))
+    return [f for r in runs for f in sorted(dirs[r].glob("*.parquet"))
+            if not f.name.startswith(".")]
+
+
+@contextmanager
+def partition_tmp(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A hidden temporary directory next to ``out`` for a partitioned build, removed unless
+    :func:`finish_partitioned` renamed it onto ``out``."""
+    import shutil
+    import tempfile
+
+    target = Path(out)
+    if target.exists() and not (target / COMMON_METADATA).is_file() and (
+            not target.is_dir() or any(target.iterdir())):
+        raise BubblecastError(f"{target}: exists and is not a features dataset; refusing to "
+                              "replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def finish_partitioned(tmp: Path, out: str | os.PathLike[str], meta: FeaturesMeta) -> Path:
+    """Write the dataset's metadata file into ``tmp`` and put ``tmp`` in place of ``out``
+    (an earlier dataset there is replaced only once the new one is complete)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from bubblecast.telemetry.fleet import fleet_runs
+
+    parts = [f for d in fleet_runs(tmp).values() for f in sorted(d.glob("*.parquet"))]
+    if not parts:
+        raise BubblecastError(f"{out}: no run gave any features rows")
+    schema = pq.read_schema(parts[0])
+    raw = json.dumps(meta.to_json(), sort_keys=True).encode()
+    schema = schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: raw})
+    pq.write_metadata(schema, tmp / COMMON_METADATA)
+    target = Path(out)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target

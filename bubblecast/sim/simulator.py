@@ -22,6 +22,7 @@ Run ``k`` of a config is named ``{run_id}-{k}``; its scenario and noise are seed
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -69,9 +70,14 @@ class SimConfig:
     seed: int = 0
     runs: int = 1
     run_id: str = "sim"
+    #: Index of the first run (``runs`` runs from here): a fleet is simulated a run at a time
+    #: with ``first_run=k, runs=1``, run ``k`` being the same as in one call for all runs.
+    first_run: int = 0
 
     def __post_init__(self) -> None:
         _check(self.schedule, self.stages, self.microbatches, self.chunks)
+        if not isinstance(self.first_run, (int, np.integer)) or self.first_run < 0:
+            raise BubblecastError(f"first_run: must be an integer >= 0, got {self.first_run}")
         for name in ("steps", "replicas", "runs"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
@@ -97,7 +103,7 @@ class SimConfig:
         return load_workload(self.model, f=self.f, b=self.b, w=self.w, stages=self.stages)
 
     def run_ids(self) -> list[str]:
-        return [f"{self.run_id}-{k}" for k in range(self.runs)]
+        return [f"{self.run_id}-{k}" for k in range(self.first_run, self.first_run + self.runs)]
 
     @property
     def shape(self) -> PipelineShape:
@@ -165,8 +171,9 @@ def simulate_events(config: SimConfig) -> Events:
     n, runs = sg.graph.n_ops, config.runs
     dur = np.empty((runs, steps, replicas, n))
     metas, draws = {}, []
-    for k, run_id in enumerate(config.run_ids()):
-        dur[k], (scenario, draw), workload = _durations(config, sg, k, base_workload, parts)
+    for i, run_id in enumerate(config.run_ids()):
+        k = config.first_run + i
+        dur[i], (scenario, draw), workload = _durations(config, sg, k, base_workload, parts)
         draws.append(draw)
         metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts)
     dur_s = dur.reshape(-1, n) / 1000.0
@@ -230,3 +237,17 @@ def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload
                    microbatches=config.microbatches, chunks=config.chunks,
                    replicas=config.replicas, partition=parts[0].tolist(),
                    source="bubblecast simulate", extra=extra)
+
+
+def simulate_fleet(config: SimConfig, out: str) -> tuple[list[str], int]:
+    """Simulate ``config`` a run at a time into the fleet directory ``out`` (each run appended
+    atomically, memory bounded by one run); the run ids and the number of events."""
+    from bubblecast.telemetry.io import write_events
+
+    run_ids, total = [], 0
+    for k in range(config.first_run, config.first_run + config.runs):
+        events = simulate_events(replace(config, first_run=k, runs=1))
+        write_events(events, out if out.endswith(("/", os.sep)) else out + os.sep)
+        run_ids.extend(events.runs)
+        total += len(events)
+    return run_ids, total

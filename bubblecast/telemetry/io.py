@@ -169,7 +169,9 @@ def parquet_files(path: str | os.PathLike[str]) -> list[Path]:
     """The Parquet files behind ``path`` (a file, or a directory searched recursively)."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*.parquet") if not f.name.startswith("."))
+        # hidden names anywhere below ``p`` are temporaries (a fleet run being appended)
+        files = sorted(f for f in p.rglob("*.parquet")
+                       if not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise BubblecastError(f"{p}: directory holds no .parquet files")
         return files
@@ -278,7 +280,14 @@ def write_events(events: Events, path: str | os.PathLike[str], *, validate: bool
     """Validate then write ``events`` to one Parquet file atomically.
 
     The checks that need no pass over the rows run first; the row checks then run while the
-    file is written (a refused table leaves no file, and its error is the one raised)."""
+    file is written (a refused table leaves no file, and its error is the one raised).
+    A ``path`` that is a directory (or ends with ``/``) is a fleet: each run is appended as
+    ``run_id=<id>/part-00000.parquet``, atomically (:mod:`bubblecast.telemetry.fleet`)."""
+    from bubblecast.telemetry import fleet
+
+    if fleet.is_directory_target(path):
+        return fleet.append_runs(events, path, lambda one, part: write_events(
+            one, part, validate=validate))
     runs = dict(events.runs)
     frame = prepare_frame(events.frame, runs, str(path)) if validate else events.frame
     table = to_table(Events(frame, runs), str(path))

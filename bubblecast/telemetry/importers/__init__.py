@@ -24,7 +24,8 @@ PER_OP_INPUTS = ("a per-op trace: bubblecast events, a megatron-ops Parquet, a M
 
 
 def _detect_dir(p: Path) -> str:
-    parquet = sorted(f for f in p.rglob("*.parquet") if f.is_file())
+    parquet = sorted(f for f in p.rglob("*.parquet") if f.is_file()  # hidden: temporaries
+                     and not any(x.startswith(".") for x in f.relative_to(p).parts))
     if parquet:
         fmt = detect_format(parquet[0])
         if fmt != "bubblecast":
