@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[dev,serve]'
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[dev,serve,fleet]'
 	touch $(STAMP)
 
 demo: $(STAMP)
