@@ -16,7 +16,7 @@ import pytest
 from bubblecast.cli import main
 from tests.runtime.test_collect import CLI, ROOT, TINY, _rank_pid, _wait_for
 
-STEPS = 200
+STEPS = 100
 ARGS = [*TINY, "--steps", str(STEPS), "--flush-every", "10", "--checkpoint-every", "10"]
 
 
