@@ -8,6 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
+from bubblecast.cli.fleet_options import cluster_option
 
 
 @app.command()
@@ -32,6 +33,7 @@ def train(
                                         help="Cap on training rows (a seeded sample)."),
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs (seq only)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    cluster: str | None = cluster_option(),
 ) -> None:
     """Train a forecaster on a features file; report metrics on held-out runs."""
     import tempfile
@@ -55,7 +57,7 @@ def train(
         target = out if out is not None else Path(tmp) / "model"
         result = train_model(features, model, target, params=params, holdout=holdout,
                              seed=seed, track=not no_track, tracking_uri=tracking_uri,
-                             register=register, alias=alias, progress=note)
+                             register=register, alias=alias, progress=note, cluster=cluster)
     if out is None:
         result.pop("out", None)
     if json_out:

@@ -37,9 +37,16 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
                 params: dict[str, Any] | None = None, holdout: float = 0.2, seed: int = 0,
                 track: bool = True, tracking_uri: str | None = None,
                 register: str | None = None, alias: str | None = None,
-                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train ``kind`` on ``features``; save to ``out``; log to MLflow when ``track``."""
+                progress: Callable[[str], None] | None = None,
+                cluster: str | None = None) -> dict[str, Any]:
+    """Train ``kind`` on ``features``; save to ``out``; log to MLflow when ``track``.
+
+    With ``cluster`` (``local:N`` or ``tcp://HOST:PORT``) an ``lgbm`` model is fitted with
+    ``lightgbm.dask`` on a features dataset partitioned by run (:mod:`.dask_train`)."""
     note = progress or (lambda _msg: None)
+    if cluster is not None:
+        return _train_on_cluster(features, kind, out, params, holdout, seed, track,
+                                 tracking_uri, register, alias, note, cluster)
     note(f"reading {features}")
     frame, meta = read_features(features)
     model = make_model(kind, **(params or {}))
@@ -66,23 +73,66 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
         preds = model.predict_signal(test_frame, list(model.horizons_))
         evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
         metrics = holdout_metrics(evaluation, kind)
+    fit = {"fit_rows": len(fit_frame), "fit_runs": int(fit_frame["run_id"].nunique()),
+           "rows": len(frame), "runs": runs, "sample": fit_frame.head(5)}
+    return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
+                   holdout, seed, track, tracking_uri, register, alias, note)
+
+
+def _finish(model: Any, features: Any, out: Any, meta: Any, test_frame: Any, evaluation: Any,
+            preds: Any, metrics: dict[str, Any], fit: dict[str, Any], holdout: float,
+            seed: int, track: bool, tracking_uri: str | None, register: str | None,
+            alias: str | None, note: Callable[[str], None]) -> dict[str, Any]:
+    """Save the model directory, log to MLflow; the ``train --json`` object."""
     note(f"saving {out}")
-    dataset = {"fingerprint": meta.fingerprint, "path": str(features), "rows": len(frame),
-               "runs": runs, "holdout_runs": sorted(test_frame["run_id"].astype(str).unique())
+    dataset = {"fingerprint": meta.fingerprint, "path": str(features), "rows": fit["rows"],
+               "runs": fit["runs"],
+               "holdout_runs": sorted(test_frame["run_id"].astype(str).unique())
                if test_frame is not None else []}
     save_model(model, out, metrics=metrics, extra={"dataset": dataset})
-    result: dict[str, Any] = {"kind": kind, "out": str(out), "rows": len(fit_frame),
-                              "runs": int(fit_frame["run_id"].nunique()),
+    result: dict[str, Any] = {"kind": model.kind, "out": str(out), "rows": fit["fit_rows"],
+                              "runs": fit["fit_runs"],
                               "horizons": list(model.horizons_), "metrics": metrics,
                               "fingerprint": meta.fingerprint}
     if track:
         note("logging to MLflow")
-        result.update(_log_training(model, out, fit_frame, test_frame, evaluation, preds, meta,
+        result.update(_log_training(model, out, fit, test_frame, evaluation, preds, meta,
                                     holdout, seed, tracking_uri, register, alias))
     return result
 
 
-def _log_training(model: Any, out: str | os.PathLike[str], fit_frame: Any, test_frame: Any,
+def _train_on_cluster(features: Any, kind: str, out: Any, params: dict[str, Any] | None,
+                      holdout: float, seed: int, track: bool, tracking_uri: str | None,
+                      register: str | None, alias: str | None, note: Callable[[str], None],
+                      cluster: str) -> dict[str, Any]:
+    """``train --cluster``: lgbm through ``lightgbm.dask`` on a dataset partitioned by run."""
+    from bubblecast.dataset.store import read_features_meta
+    from bubblecast.forecast.dask_train import train_dask
+
+    if kind != "lgbm":
+        raise BubblecastError(f"--cluster: only --model lgbm trains on Dask; {kind} trains in "
+                              "one process (drop --cluster)")
+    if not Path(features).is_dir():
+        raise BubblecastError(f"{features}: --cluster needs a features dataset partitioned "
+                              "by run (`bubblecast dataset ... --out DIR/` or --cluster)")
+    meta = read_features_meta(features)
+    model = make_model(kind, **(params or {}))
+    note(f"fitting {kind} on Dask ({cluster})")
+    model, test_frame, fit = train_dask(Path(features), model, meta, holdout, seed, cluster)
+    metrics: dict[str, Any] = {}
+    evaluation, preds = None, None
+    if test_frame is not None:
+        from bubblecast.forecast.evaluate import evaluate
+
+        note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
+        preds = model.predict_signal(test_frame, list(model.horizons_))
+        evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
+        metrics = holdout_metrics(evaluation, kind)
+    return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
+                   holdout, seed, track, tracking_uri, register, alias, note)
+
+
+def _log_training(model: Any, out: str | os.PathLike[str], fit: dict[str, Any], test_frame: Any,
                   evaluation: Any, preds: Any, meta: Any, holdout: float, seed: int,
                   tracking_uri: str | None, register: str | None, alias: str | None
                   ) -> dict[str, Any]:
@@ -96,8 +146,8 @@ def _log_training(model: Any, out: str | os.PathLike[str], fit_frame: Any, test_
         params = {f"model.{k}": v for k, v in model.get_params().items()}
         params.update({"kind": model.kind, "seed": seed, "holdout": holdout,
                        "dataset_fingerprint": meta.fingerprint,
-                       "features_version": FEATURES_VERSION, "rows": len(fit_frame),
-                       "runs": int(fit_frame["run_id"].nunique()),
+                       "features_version": FEATURES_VERSION, "rows": fit["fit_rows"],
+                       "runs": fit["fit_runs"],
                        "horizons": ",".join(map(str, model.horizons_))})
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
         if evaluation is not None:
@@ -110,7 +160,7 @@ def _log_training(model: Any, out: str | os.PathLike[str], fit_frame: Any, test_
                 png = plot_forecasts(test_frame, preds, Path(tmp) / "forecast_vs_actual.png",
                                      title=f"{model.kind}: held-out runs")
                 mlflow.log_artifact(str(png))
-        sample_rows = (test_frame if test_frame is not None else fit_frame).head(5)
+        sample_rows = (test_frame if test_frame is not None else fit["sample"]).head(5)
         logged = log_model(mlflow, out, sample_rows, register, alias)
         run_id = mlflow.active_run().info.run_id
     out_info: dict[str, Any] = {"mlflow_run_id": run_id, "model_uri": logged["model_uri"]}

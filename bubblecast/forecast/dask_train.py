@@ -1,0 +1,194 @@
+"""``train --model lgbm --cluster ...``: the quantile boosters fitted with ``lightgbm.dask``.
+
+The features stay partitioned by run on the workers: each part's inputs and targets are built
+where it is read (the same scale-free inputs and log targets as :class:`LGBMForecaster`), the
+boosters are trained by ``DaskLGBMRegressor`` over all workers, and only the calibration rows'
+three raw scores, targets and groups come back for the conformal shifts. The runs' split into
+train / validation / calibration is the in-process one (same runs). Differences from the
+in-process fit: every training row is used (no ``max_train_rows`` sample), and early stopping
+is applied after the fact (``lightgbm.dask`` has none): all ``n_estimators`` rounds are
+trained with the validation runs as ``eval_set`` and the booster is cut at the iteration
+LightGBM's early-stopping rule would have kept. The result is an ordinary
+:class:`LGBMForecaster`: saved, registered and served exactly as one trained in process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bubblecast.errors import BubblecastError
+from bubblecast.forecast.base import (
+    QUANTILES,
+    dataset_config_of,
+    fit_splits,
+    frame_horizons,
+    generic,
+    horizon_inputs,
+    log_target,
+)
+from bubblecast.forecast.conformal import calibration_groups, grouped_shifts
+from bubblecast.forecast.lgbm import LGBMForecaster, tabular_features
+
+
+def _read_part(path: str) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pandas()
+
+
+def _part_xy(path: str, model: LGBMForecaster, splits: dict[str, set[str]], split: str
+             ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """On a worker: one part's ``(inputs, log target)`` per horizon, rows of ``split`` runs
+    with a known target only."""
+    frame = _read_part(path)
+    frame = frame.loc[frame["run_id"].astype(str).isin(splits[split])].reset_index(drop=True)
+    out = {}
+    for h in model.horizons_:
+        z = log_target(frame, h, model.anchor)
+        keep = np.isfinite(z)
+        sub = frame.loc[keep]
+        out[h] = (np.asarray(model._inputs(sub, h), dtype=np.float32), z[keep])
+    return out
+
+
+def _part_cal(path: str, model: LGBMForecaster, runs: set[str], h: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """On a worker: a calibration part's sorted raw scores, targets and conformal groups."""
+    frame = _read_part(path)
+    frame = frame.loc[frame["run_id"].astype(str).isin(runs)].reset_index(drop=True)
+    z = log_target(frame, h, model.anchor)
+    keep = np.isfinite(z)
+    sub = frame.loc[keep].reset_index(drop=True)
+    raw = np.sort(model._raw(np.asarray(model._inputs(sub, h), dtype=np.float32), h), axis=1)
+    return raw, z[keep], np.asarray(calibration_groups(sub))
+
+
+def best_iteration(curve: list[float], rounds: int) -> int:
+    """The iteration (1-based) ``lgb.early_stopping(rounds)`` keeps on validation ``curve``."""
+    best, best_i = np.inf, 0
+    for i, value in enumerate(curve):
+        if value < best:
+            best, best_i = value, i
+        elif i - best_i >= rounds:
+            break
+    return best_i + 1
+
+
+def _stack(client: Any, futures: list[Any], h: int, width: int) -> tuple[Any, Any]:
+    """Dask arrays of the parts' ``(x, z)`` at horizon ``h`` (parts stay on the workers)."""
+    import dask
+    import dask.array as da
+
+    sizes = client.gather(client.map(lambda d, h=h: len(d[h][1]), futures, pure=False))
+    xs, zs = [], []
+    for fut, n in zip(futures, sizes, strict=True):
+        if n == 0:
+            continue
+        item = dask.delayed(lambda d, h=h: d[h])(fut)
+        xs.append(da.from_delayed(item[0], shape=(n, width), dtype=np.float32))
+        zs.append(da.from_delayed(item[1], shape=(n,), dtype=np.float64))
+    if not xs:
+        raise BubblecastError(f"no training rows with a known target at horizon {h}")
+    return da.concatenate(xs), da.concatenate(zs)
+
+
+def _prepare(model: LGBMForecaster, schema_frame: pd.DataFrame) -> None:
+    """Set the feature lists and horizons from the dataset's columns (no rows needed)."""
+    model.__dict__.pop("_plans", None)
+    model.__dict__.pop("_rows", None)
+    model.horizons_ = frame_horizons(schema_frame)
+    model.dataset_config_ = dataset_config_of(schema_frame)
+    model.features_ = tabular_features(schema_frame.columns)
+    model.horizon_features_ = [generic(c) for c in horizon_inputs(schema_frame.columns,
+                                                                   model.horizons_[0])]
+    model.boosters_, model.best_iterations_ = {}, {}
+    model.shifts_, model.validation_ = {}, {}
+
+
+def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
+             schema_frame: pd.DataFrame, client: Any) -> LGBMForecaster:
+    """Fit ``model``'s boosters with ``lightgbm.dask`` on the parts ``files`` (the fit runs,
+    ``runs_frame``: one row per run with ``run_id`` and ``scenario``)."""
+    from lightgbm.dask import DaskLGBMRegressor
+
+    _prepare(model, schema_frame)
+    masks = fit_splits(runs_frame, model.val_fraction, model.cal_fraction, model.seed)
+    ids = runs_frame["run_id"].astype(str).to_numpy()
+    splits = {k: set(ids[m]) for k, m in masks.items()}
+    paths = [str(f) for f in files]
+    names = model.features_ + model.horizon_features_
+    parts = {s: client.map(_part_xy, paths, model=model, splits=splits, split=s, pure=False)
+             for s in ("train", "val")}
+    for h in model.horizons_:
+        x, z = _stack(client, parts["train"], h, len(names))
+        xv, zv = _stack(client, parts["val"], h, len(names))
+        for q in QUANTILES:
+            params = model._params(q)
+            reg = DaskLGBMRegressor(client=client, n_estimators=model.n_estimators, **params)
+            reg.fit(x, z, eval_set=[(xv, zv)], feature_name=names)
+            curve = next(iter(reg.evals_result_["valid_0"].values()))
+            booster = reg.booster_
+            booster.best_iteration = best_iteration(curve, model.early_stopping_rounds)
+            model.boosters_[(h, q)] = booster
+            model.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
+        shared = client.scatter(model, broadcast=True)  # the boosters, sent once per worker
+        cal = client.gather(client.map(_part_cal, paths, model=shared, runs=splits["cal"], h=h,
+                                       pure=False))
+        raw = np.concatenate([c[0] for c in cal])
+        zc = np.concatenate([c[1] for c in cal])
+        groups = np.concatenate([c[2] for c in cal])
+        model.shifts_[h] = grouped_shifts(raw[:, 0], raw[:, 2], zc, groups, model.coverage)
+    client.cancel(parts["train"] + parts["val"])
+    return model
+
+
+def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float, seed: int,
+               cluster: str) -> tuple[LGBMForecaster, pd.DataFrame | None, dict[str, Any]]:
+    """Split a partitioned features dataset's runs as ``train`` does, fit on the fit runs with
+    Dask; the held-out runs' frame (read into this process to score them) and dataset info."""
+    import pyarrow.parquet as pq
+
+    from bubblecast.dataset.splits import split_runs
+    from bubblecast.dataset.store import partition_files, read_features_meta
+    from bubblecast.telemetry.cluster import executor
+
+    files = partition_files(features, meta)
+    cols = ["run_id", "scenario"] if "scenario" in pq.read_schema(files[0]).names \
+        else ["run_id"]
+    runs_frame = pd.concat([pq.read_table(f, columns=cols).to_pandas().head(1) for f in files],
+                           ignore_index=True)
+    runs_frame["run_id"] = runs_frame["run_id"].astype(str)
+    fit_runs, test_runs = set(runs_frame["run_id"]), set()
+    if holdout > 0 and len(runs_frame) >= 4:
+        masks = split_runs(runs_frame, {"fit": 1.0 - holdout, "test": holdout}, seed=seed)
+        test_runs = set(runs_frame.loc[masks["test"], "run_id"])
+        fit_runs -= test_runs
+    schema_frame = pq.read_schema(files[0]).empty_table().to_pandas()
+    schema_frame.attrs["bubblecast_features"] = read_features_meta(features).to_json()
+    run_of = {f: f.parent for f in files}
+    from bubblecast.telemetry.fleet import run_id_of
+
+    fit_files = [f for f in files if run_id_of(run_of[f]) in fit_runs]
+    test_files = [f for f in files if run_id_of(run_of[f]) in test_runs]
+    with executor(cluster) as ex:
+        fit_dask(model, fit_files, runs_frame[runs_frame["run_id"].isin(fit_runs)]
+                 .reset_index(drop=True), schema_frame, ex.client)
+    test_frame = None
+    if test_files:
+        test_frame = pd.concat([_read_part(str(f)) for f in test_files], ignore_index=True)
+        for col in ("run_id", "scenario"):
+            if col in test_frame.columns:
+                test_frame[col] = test_frame[col].astype(str).astype("category")
+        test_frame.attrs = dict(schema_frame.attrs)
+    rows = sum(pq.read_metadata(f).num_rows for f in fit_files)
+    return model, test_frame, {"fit_rows": rows, "fit_runs": len(fit_runs),
+                               "rows": rows + (len(test_frame) if test_frame is not None else 0),
+                               "runs": len(runs_frame), "sample": _read_part(str(fit_files[0]))
+                               .head(5)}
+
+
+__all__ = ["best_iteration", "fit_dask", "train_dask"]
