@@ -24,7 +24,6 @@ writing events is most of what ``simulate`` spends its time on (measured with
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -65,16 +64,36 @@ _IMPORTED = time.time()
 _TMP_RANDOM = "[a-z0-9_]{8}"
 
 
-@functools.lru_cache(maxsize=1)
 def process_start_time() -> float:
-    """When this process started (epoch seconds); the module import time off Linux."""
+    """When this process loaded bubblecast's I/O (epoch seconds): temporaries last modified
+    before it were left by an earlier process."""
+    return _IMPORTED
+
+
+def _lock(fd: int, *, wait: bool) -> bool:
+    """Take an exclusive advisory lock on ``fd``; False when another process holds one.
+    Where ``fcntl`` does not exist, always True."""
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-        return min(btime + int(fields[19]) / os.sysconf("SC_CLK_TCK"), _IMPORTED)
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED
+        import fcntl
+    except ImportError:  # not POSIX: no locks, the age test alone decides
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove_if_unlocked(path: str) -> bool:
+    """Unlink a temporary file unless a live writer holds its lock (see :func:`atomic_write`)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not _lock(fd, wait=False):
+            return False
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = False) -> list[Path]:
@@ -82,8 +101,8 @@ def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = Fal
 
     Only our own naming pattern counts: ``.NAME.XXXXXXXX.tmp`` files of :func:`atomic_write`
     (and ``.NAME.XXXXXXXX`` directories with ``dirs=True``), last modified before this
-    process started, so a temporary that another live writer is still filling is kept.
-    Anything else (user files, other hidden names) is never touched."""
+    process started; a file is also kept while its writer, alive, holds its lock. Anything
+    else (user files, other hidden names) is never touched."""
     target = Path(target)
     suffix = "" if dirs else r"\.tmp"
     pattern = re.compile(rf"\.{re.escape(target.name)}\.{_TMP_RANDOM}{suffix}")
@@ -100,7 +119,8 @@ def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = Fal
             if entry.is_symlink() or entry.stat().st_mtime >= started:
                 continue
             if entry.is_file() and not dirs:
-                os.unlink(entry.path)
+                if not _remove_if_unlocked(entry.path):
+                    continue
             elif entry.is_dir() and dirs:
                 shutil.rmtree(entry.path)
             else:
@@ -144,8 +164,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
     try:
+        _lock(fd, wait=True)  # held while writing: others' clean-up leaves this file alone
         if alongside is None:
             write(tmp)
         else:
@@ -158,6 +178,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], *,
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
     return target
 
 

@@ -192,6 +192,7 @@ def test_a_corrupted_page_is_an_error_naming_the_file(tmp_path, capsys):
 
 
 def test_stale_temporaries_of_killed_writers_are_removed_on_the_next_write(tmp_path):
+    import fcntl
     import os
 
     from bubblecast.telemetry.io import process_start_time, remove_stale_temporaries
@@ -204,11 +205,16 @@ def test_stale_temporaries_of_killed_writers_are_removed_on_the_next_write(tmp_p
     stale_dir = tmp_path / ".e.parquet.k1ll3d_d"
     stale_dir.mkdir()
     (stale_dir / "part-0.parquet").write_text("x")
-    for f in [stale, live, *keep]:
+    locked = tmp_path / ".e.parquet.l0ck3d__.tmp"  # old, but its writer is alive
+    for f in [stale, live, locked, *keep]:
         f.write_text("x" * 100)
-    for f in [stale, *keep, stale_dir]:
+    for f in [stale, locked, *keep, stale_dir]:
         os.utime(f, (old, old))
-    _simulated(tmp_path)
+    with open(locked) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _simulated(tmp_path)
+        assert locked.exists()
+    os.unlink(locked)
     assert not stale.exists()
     assert live.exists() and all(f.exists() for f in keep)
     assert stale_dir.exists()  # directories only when asked for (they may hold telemetry)
@@ -259,3 +265,29 @@ def test_a_numeric_device_column_is_kept_as_a_number(tmp_path):
           device=3, host="node-1")
     back = read_events(write_events(b.build(), tmp_path / "d.parquet"))
     assert back.frame["device"].tolist() == [3] and back.frame["host"].tolist() == ["node-1"]
+
+
+def test_a_killed_writer_leaves_a_temporary_that_the_next_command_removes(tmp_path):
+    """SIGKILL in the middle of a write, then ``simulate`` to the same path at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "e.parquet"
+    hang = ("import sys, time; from bubblecast.telemetry.io import atomic_write; "
+            "atomic_write(sys.argv[1], lambda tmp: (open(tmp, 'w').write('half'), "
+            "time.sleep(120)))")
+    proc = subprocess.Popen([sys.executable, "-c", hang, str(out)])
+    deadline = time.monotonic() + 60
+    while not any(p.suffix == ".tmp" for p in tmp_path.iterdir()) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [p.suffix for p in tmp_path.iterdir()] == [".tmp"]
+    subprocess.run([sys.executable, "-c", "from bubblecast.cli import main; main()", "simulate",
+                    "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--out",
+                    str(out)], check=True, stdout=subprocess.DEVNULL)
+    assert [p.name for p in tmp_path.iterdir()] == ["e.parquet"]
