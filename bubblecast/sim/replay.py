@@ -38,6 +38,7 @@ from bubblecast.sim.replay_graph import (
     mix_hash,
     pack_codes,
 )
+from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.telemetry.events import Events
 from bubblecast.telemetry.schema import COMM_OPS, COMPUTE_OPS, OPS
 
@@ -168,7 +169,9 @@ class ReplayModel:
         self.stages = meta.stages
         mode = self.config.p2p
         self.blocking_p2p = mode == "blocking" or (mode == "auto" and meta.source != "kineto")
-        self.v_shape = meta.extra.get("stage_layout") == "v-shape"
+        self.v_shape = meta.extra.get("stage_layout") == "v-shape" or (
+            meta.chunks == 2 and meta.stages > 1
+            and vstage_ranks(meta.schedule, meta.stages, 2)[meta.stages] == meta.stages - 1)
         self.rank = f["rank"].to_numpy(np.int64)
         self.start = f["start_s"].to_numpy(np.float64)
         self.observed = f["duration_s"].to_numpy(np.float64)

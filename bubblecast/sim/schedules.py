@@ -2,35 +2,49 @@
 
 A :class:`Schedule` lists, per rank (pipeline stage), its ops ``Op(kind, microbatch, chunk)``
 in execution order, with ``kind`` one of ``F`` (forward), ``B`` (backward; the whole backward
-where the schedule does not split it) and ``W`` (weight gradient, split schedules only).
-Supported (``build_schedule`` names):
+where the schedule does not split it) and ``W`` (weight gradient, split schedules only), and
+the placement of its model chunks (rank ``r`` chunk ``c`` is virtual stage ``c * P + r`` in
+looped schedules, ``r`` and ``2P - 1 - r`` in V-shape ones). Simulable (``build_schedule``
+names; every row of :data:`SCHEDULES` with ``simulable``):
 
 - ``gpipe``: all forwards, then all backwards (Huang et al. 2019).
 - ``1f1b``: ``P - r - 1`` warm-up forwards on rank ``r``, then one forward / one backward,
   then the remaining backwards (PipeDream-Flush, Narayanan et al. 2021).
-- ``interleaved``: Megatron-LM's interleaved 1F1B with ``V`` model chunks per rank; rank ``r``
-  chunk ``c`` is virtual stage ``c * P + r``. Needs ``M % P == 0`` as Megatron does.
+- ``interleaved``: Megatron-LM's interleaved 1F1B with ``V`` model chunks per rank (torch's
+  Interleaved1F1B order when ``M`` is not a multiple of ``P``).
+- ``looped-bfs``: breadth-first looping (torch's ScheduleLoopedBFS).
 - ``zb-h1``: the zero-bubble paper's ZB-H1 (Qi et al. 2023): 1F1B with B split from W and rank
   ``r`` deferring its first ``r`` W passes into the tail bubble (1F1B's memory).
 - ``zb-h2``: ZB-H2: ``2(P - r - 1) + 1`` forwards before the first B fill the warm-up bubble,
   W passes wait as long as activation memory (``2P - 1`` microbatches) allows and fill the
   remaining gaps; the tail becomes a parallelogram.
+- ``zb-interleaved``: torch's ScheduleInterleavedZeroBubble (ZB1P over ``V`` chunks).
+- ``zbv`` (alias ``zb-v``): the paper's V-shape ZB-V, as torch's ScheduleZBVZeroBubble.
+- ``dualpipev``: DeepSeek's DualPipe in V form, as torch's ScheduleDualPipeV.
 
-:func:`build_graph` turns a schedule into the engine's :class:`OpGraph` under the SPEC §2
-communication model, and :func:`to_torch_actions` exports torch.distributed.pipelining's
-action-list notation.
+Besides names, ``torch:<ClassName>`` simulates the order torch itself generates for one of
+its multi-stage classes and ``csv:FILE`` an order in torch's CSV format
+(:mod:`bubblecast.sim.actions`). :func:`build_graph` turns a schedule into the engine's
+:class:`OpGraph` under the SPEC §2 communication model, and :func:`to_torch_actions` exports
+torch.distributed.pipelining's action-list notation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from pathlib import Path
 
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim import orders, vshape
 from bubblecast.sim.engine import OpGraph
+from bubblecast.sim.orders import Op
+
+__all__ = ["KINDS", "SCHEDULES", "SIMULABLE", "Op", "Schedule", "ScheduleGraph", "ScheduleSpec",
+           "build_graph", "build_schedule", "check_schedule", "lookup_schedule",
+           "schedule_graph", "to_torch_actions"]
 
 KINDS: tuple[str, ...] = ("F", "B", "W")
 
@@ -60,8 +74,8 @@ class ScheduleSpec:
     aliases: tuple[str, ...] = ()
 
 
-#: Every schedule bubblecast knows. A new schedule gets a row here (and a builder below when
-#: it is simulable).
+#: Every schedule bubblecast knows. A new schedule gets a row here (and a builder in
+#: ``_BUILDERS`` when it is simulable).
 SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec("gpipe", True, "ScheduleGPipe", False, "loop", False, False, 1,
                  ("schedulegpipe",)),
@@ -69,21 +83,25 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
                  ("schedule1f1b",)),
     ScheduleSpec("interleaved", True, "ScheduleInterleaved1F1B", True, "loop", False, True, 2,
                  ("interleaved1f1b", "scheduleinterleaved1f1b")),
+    ScheduleSpec("looped-bfs", True, "ScheduleLoopedBFS", True, "loop", False, True, 2,
+                 ("loopedbfs", "scheduleloopedbfs")),
     ScheduleSpec("zb-h1", True, "ScheduleInterleavedZeroBubble", True, "loop", True, False, 1,
                  ("zbh1",)),
     ScheduleSpec("zb-h2", True, None, False, "loop", True, False, 1, ("zbh2",)),
-    ScheduleSpec("zb-interleaved", False, "ScheduleInterleavedZeroBubble", True, "loop", True,
+    ScheduleSpec("zb-interleaved", True, "ScheduleInterleavedZeroBubble", True, "loop", True,
                  True, 2, ("interleaved-zb", "interleavedzerobubble",
                            "scheduleinterleavedzerobubble")),
-    ScheduleSpec("zbv", False, "ScheduleZBVZeroBubble", True, "v", True, True, 2,
-                 ("zbvzerobubble", "schedulezbvzerobubble")),
-    ScheduleSpec("dualpipev", False, "ScheduleDualPipeV", True, "v", True, True, 2,
+    ScheduleSpec("zbv", True, "ScheduleZBVZeroBubble", True, "v", True, True, 2,
+                 ("zb-v", "zbvzerobubble", "schedulezbvzerobubble")),
+    ScheduleSpec("dualpipev", True, "ScheduleDualPipeV", True, "v", True, True, 2,
                  ("scheduledualpipev",)),
 )}  # fmt: skip
 #: Names of the schedules this module builds (the simulator's ``--schedule`` choices).
 SIMULABLE: tuple[str, ...] = tuple(n for n, s in SCHEDULES.items() if s.simulable)
 SPLIT_BACKWARD: frozenset[str] = frozenset(n for n in SIMULABLE if SCHEDULES[n].split_backward)
 _ALIASES: dict[str, str] = {a: s.name for s in SCHEDULES.values() for a in (s.name, *s.aliases)}
+#: Prefixes of schedules given by their op order rather than by name.
+SOURCES: tuple[str, ...] = ("torch:", "csv:")
 
 
 def lookup_schedule(name: str) -> ScheduleSpec | None:
@@ -92,23 +110,43 @@ def lookup_schedule(name: str) -> ScheduleSpec | None:
     return None if key is None else SCHEDULES[key]
 
 
-class Op(NamedTuple):
-    """One compute op of a rank: ``kind`` in F/B/W, its microbatch and model chunk."""
+def is_sourced(name: str) -> bool:
+    """True for ``torch:<ClassName>`` and ``csv:FILE`` schedules (orders, not names)."""
+    return str(name).startswith(SOURCES)
 
-    kind: str
-    microbatch: int
-    chunk: int = 0
+
+def vstage_ranks(name: str, stages: int, chunks: int) -> np.ndarray:
+    """``(stages * chunks,)``: the rank running each virtual stage of schedule ``name``
+    (looped ``v % P``; V-shape ``v`` then ``2P - 1 - v``; a ``torch:``/``csv:`` order as it
+    places them). Unknown names are taken as looped."""
+    spec = lookup_schedule(name)
+    v = np.arange(stages * chunks)
+    if spec is not None and spec.style == "v" and chunks == 2:
+        return np.where(v < stages, v, 2 * stages - 1 - v)
+    if is_sourced(name):
+        table = np.asarray(_SOURCED_PLACEMENT.get(name, ()), dtype=np.int64)
+        if table.shape == (stages, chunks):
+            out = np.empty(stages * chunks, dtype=np.int64)
+            out[table] = np.arange(stages)[:, None]
+            return out
+    return v % stages
+
+
+#: Placement of the ``torch:``/``csv:`` orders built so far (read by :func:`vstage_ranks`).
+_SOURCED_PLACEMENT: dict[str, tuple[tuple[int, ...], ...]] = {}
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """The op order of every rank; ``ranks[r]`` is rank ``r``'s ops in execution order."""
+    """The op order of every rank; ``ranks[r]`` is rank ``r``'s ops in execution order and
+    ``placement[r]`` its virtual stages in chunk order (empty: looped, ``c * P + r``)."""
 
     name: str
     stages: int
     microbatches: int
     chunks: int
     ranks: tuple[tuple[Op, ...], ...]
+    placement: tuple[tuple[int, ...], ...] = ()
 
     @property
     def split_backward(self) -> bool:
@@ -119,12 +157,26 @@ class Schedule:
     def n_ops(self) -> int:
         return sum(len(lane) for lane in self.ranks)
 
+    @property
+    def vstages(self) -> np.ndarray:
+        """``(stages, chunks)``: the virtual stage of each rank's chunk."""
+        if self.placement:
+            return np.array(self.placement, dtype=np.int64).reshape(self.stages, self.chunks)
+        return np.arange(self.chunks)[None, :] * self.stages + np.arange(self.stages)[:, None]
+
     def __post_init__(self) -> None:
-        kinds = ("F", "B", "W") if self.split_backward else ("F", "B")
-        want = sorted((k, mb, c) for k in kinds for mb in range(self.microbatches)
+        if len(self.ranks) != self.stages:
+            raise ValueError(f"schedule {self.name}: {len(self.ranks)} lanes, {self.stages} stages")
+        if sorted(self.vstages.reshape(-1).tolist()) != list(range(self.stages * self.chunks)):
+            raise ValueError(f"schedule {self.name}: placement {self.placement} does not hold "
+                             f"each virtual stage once")
+        want = sorted((k, mb, c) for k in ("F", "B") for mb in range(self.microbatches)
                       for c in range(self.chunks))
         for r, lane in enumerate(self.ranks):
-            if sorted((op.kind, op.microbatch, op.chunk) for op in lane) != want:
+            got = [(op.kind, op.microbatch, op.chunk) for op in lane]
+            w = [x for x in got if x[0] == "W"]
+            if sorted(x for x in got if x[0] != "W") != want or len(set(w)) != len(w) or \
+                    not {("B", mb, c) for _, mb, c in w} <= set(got):
                 raise ValueError(f"schedule {self.name}: rank {r} does not run every op once")
 
 
@@ -138,134 +190,114 @@ class ScheduleGraph:
     chunk: np.ndarray
     microbatch: np.ndarray
     kind: np.ndarray  # index into KINDS
+    vstage: np.ndarray  # virtual stage (pipeline position of the chunk) of each op
+    fused: np.ndarray  # B ops that carry their W too (no separate W op)
 
     @property
     def virtual_stage(self) -> np.ndarray:
-        return self.chunk * self.schedule.stages + self.stage
+        return self.vstage
+
+    @property
+    def rank_of_vstage(self) -> np.ndarray:
+        """``(stages * chunks,)``: the rank running each virtual stage."""
+        out = np.empty(self.schedule.stages * self.schedule.chunks, dtype=np.int64)
+        out[self.schedule.vstages] = np.arange(self.schedule.stages)[:, None]
+        return out
 
 
-def _check(name: str, stages: int, microbatches: int, chunks: int) -> None:
-    if name not in SIMULABLE:
-        raise BubblecastError(f"--schedule: unknown schedule '{name}' "
-                              f"(known: {', '.join(SIMULABLE)})")
+def check_schedule(name: str, stages: int, microbatches: int, chunks: int = 1
+                   ) -> tuple[str, int]:
+    """``(canonical name, chunks)`` of a simulable schedule at this shape, or a one-line
+    BubblecastError naming the field. V-shape schedules always have 2 chunks (1 is read as
+    the default); a ``torch:``/``csv:`` order is built to check it."""
     for field, value in (("--stages", stages), ("--microbatches", microbatches),
                          ("--chunks", chunks)):
-        if int(value) != value or value < 1:
+        if isinstance(value, bool) or int(value) != value or value < 1:
             raise BubblecastError(f"{field}: must be a positive integer, got {value}")
-    if chunks != 1 and not SCHEDULES[name].multi_chunk:
-        raise BubblecastError(f"--chunks: only the interleaved schedule has model chunks "
-                              f"(got --chunks {chunks} with {name})")
-    if name == "interleaved" and stages > 1 and microbatches % stages:
-        raise BubblecastError(f"--microbatches: interleaved needs a multiple of --stages "
-                              f"({microbatches} is not a multiple of {stages}), as Megatron does")
+    if is_sourced(name):
+        sched = build_schedule(name, stages, microbatches, chunks)
+        return name, sched.chunks
+    spec = lookup_schedule(name)
+    if spec is None or not spec.simulable:
+        raise BubblecastError(f"--schedule: unknown schedule '{name}' (known: "
+                              f"{', '.join(SIMULABLE)}, torch:<ClassName>, csv:FILE)")
+    if spec.style == "v":
+        if chunks not in (1, 2):
+            raise BubblecastError(f"--chunks: {spec.name} holds exactly 2 chunks per rank "
+                                  f"(V shape), got {chunks}")
+        chunks = 2
+    elif chunks != 1 and not spec.multi_chunk:
+        multi = ", ".join(n for n in SIMULABLE if SCHEDULES[n].multi_chunk)
+        raise BubblecastError(f"--chunks: only {multi} have model chunks "
+                              f"(got --chunks {chunks} with {spec.name})")
+    if spec.name in ("interleaved", "zb-interleaved") and stages > 1 and chunks > 1:
+        rounds = orders.torch_rounds(stages, microbatches)[0]
+        if microbatches % rounds:
+            raise BubblecastError(f"--microbatches: {spec.name} needs a multiple of {rounds} "
+                                  f"microbatches with {stages} stages (got {microbatches}), "
+                                  f"as torch does")
+    if spec.name == "dualpipev" and microbatches < 2 * stages:
+        raise BubblecastError(f"--microbatches: dualpipev needs at least {2 * stages} "
+                              f"microbatches with {stages} stages, got {microbatches}")
+    return spec.name, int(chunks)
 
 
-def gpipe(p: int, m: int) -> list[list[Op]]:
-    return [[Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)] for _ in range(p)]
+_check = check_schedule
 
-
-def one_f_one_b(p: int, m: int) -> list[list[Op]]:
-    out = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        lane = [Op("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            lane += [Op("F", warm + i), Op("B", i)]
-        lane += [Op("B", i) for i in range(m - warm, m)]
-        out.append(lane)
-    return out
-
-
-def interleaved(p: int, m: int, v: int) -> list[list[Op]]:
-    """Megatron-LM's ``forward_backward_pipelining_with_interleaving`` order."""
-    total = m * v
-    group = p * v
-
-    def fwd(k: int) -> Op:
-        return Op("F", (k // group) * p + k % p, (k % group) // p)
-
-    def bwd(k: int) -> Op:
-        return Op("B", (k // group) * p + k % p, v - 1 - (k % group) // p)
-
-    out = []
-    for r in range(p):
-        warm = min((p - r - 1) * 2 + (v - 1) * p, total)
-        lane = [fwd(k) for k in range(warm)]
-        for k in range(total - warm):
-            lane += [fwd(k + warm), bwd(k)]
-        lane += [bwd(k) for k in range(total - warm, total)]
-        out.append(lane)
-    return out
-
-
-def zb_h1(p: int, m: int) -> list[list[Op]]:
-    """ZB-H1: 1F1B order of F and B; rank r keeps its first r W passes for the tail."""
-    out = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        lane = [Op("F", i) for i in range(warm)]
-        nb = nw = 0
-        for i in range(m - warm):
-            lane += [Op("F", warm + i), Op("B", nb)]
-            nb += 1
-            if i >= r:
-                lane.append(Op("W", nw))
-                nw += 1
-        for i in range(warm):
-            lane.append(Op("B", nb))
-            nb += 1
-            if m - warm + i >= r:
-                lane.append(Op("W", nw))
-                nw += 1
-        lane += [Op("W", i) for i in range(nw, m)]
-        out.append(lane)
-    return out
-
-
-def zb_h2(p: int, m: int) -> list[list[Op]]:
-    """ZB-H2, as the order a unit-cost run (F = B = W = 1, no comm) of its rules produces.
-
-    Each rank, when free, runs its next B if ready; else its next F if ready and fewer than
-    ``2P - 1`` microbatches hold activations (F done, W not yet); else its oldest pending W.
-    Rank 0 thus runs ``2P - 1`` forwards before its first B and every rank ends with the W
-    passes it deferred: the zero-bubble paper's parallelogram, whose bubble (equal op times,
-    no comm) is the unavoidable ``(P - 1) F`` per rank.
-    """
-    limit = 2 * p - 1
-    lanes: list[list[Op]] = [[] for _ in range(p)]
-    f_end = [[-1] * m for _ in range(p)]  # integer end times, -1 = not run yet
-    b_end = [[-1] * m for _ in range(p)]
-    nf, nb, nw = [0] * p, [0] * p, [0] * p
-    t, left = 0, 3 * m * p
-    while left:
-        for r in range(p):  # every rank is free at integer t: each op lasts one unit
-            i, j = nb[r], nf[r]
-            src_b = (b_end[r + 1][i] if r < p - 1 else f_end[r][i]) if i < j else -1
-            if i < j and 0 <= src_b <= t and 0 <= f_end[r][i] <= t:
-                lanes[r].append(Op("B", i))
-                b_end[r][i], nb[r] = t + 1, i + 1
-            elif j < m and j - nw[r] < limit and (r == 0 or 0 <= f_end[r - 1][j] <= t):
-                lanes[r].append(Op("F", j))
-                f_end[r][j], nf[r] = t + 1, j + 1
-            elif nw[r] < nb[r]:
-                lanes[r].append(Op("W", nw[r]))
-                nw[r] += 1
-            else:
-                continue
-            left -= 1
-        t += 1
-    return lanes
+_BUILDERS = {
+    "gpipe": lambda p, m, v: orders.gpipe(p, m),
+    "1f1b": lambda p, m, v: orders.one_f_one_b(p, m),
+    "interleaved": orders.interleaved,
+    "looped-bfs": orders.looped_bfs,
+    "zb-h1": lambda p, m, v: orders.zb_h1(p, m),
+    "zb-h2": lambda p, m, v: orders.zb_h2(p, m),
+    "zb-interleaved": lambda p, m, v: orders.torch_looped_lanes(p, m, v, zero_bubble=True),
+    "zbv": lambda p, m, v: vshape.zbv(p, m),
+    "dualpipev": lambda p, m, v: vshape.dualpipev(p, m),
+}
 
 
 def build_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """The schedule ``name`` for ``stages`` ranks, ``microbatches`` and ``chunks`` per rank."""
-    _check(name, stages, microbatches, chunks)
-    if name == "interleaved":
-        lanes = interleaved(stages, microbatches, chunks)
+    """The schedule ``name`` for ``stages`` ranks, ``microbatches`` and ``chunks`` per rank
+    (a name or alias of :data:`SCHEDULES`, ``torch:<ClassName>`` or ``csv:FILE``)."""
+    if is_sourced(name):
+        return _sourced(name, stages, microbatches, chunks)
+    canon, chunks = check_schedule(name, stages, microbatches, chunks)
+    lanes = _BUILDERS[canon](stages, microbatches, chunks)
+    placement: tuple[tuple[int, ...], ...] = ()
+    if SCHEDULES[canon].style == "v":
+        placement = tuple((r, 2 * stages - 1 - r) for r in range(stages))
+    return Schedule(canon, stages, microbatches, chunks, tuple(tuple(lane) for lane in lanes),
+                    placement)
+
+
+def _sourced(name: str, stages: int, microbatches: int, chunks: int) -> Schedule:
+    """A ``torch:<ClassName>`` or ``csv:FILE`` schedule; its shape must match the given one
+    (a V-shape torch class, or a file, fixes the chunks: 1 is read as "as the order says")."""
+    from bubblecast.sim import actions
+
+    kind, _, arg = name.partition(":")
+    if kind == "torch":
+        if actions.TORCH_MULTI.get(arg) == "v":
+            chunks = 2 if chunks == 1 else chunks
+        lanes, placement = actions.torch_lanes(arg, stages, microbatches, chunks)
     else:
-        builders = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2}
-        lanes = builders[name](stages, microbatches)
-    return Schedule(name, stages, microbatches, chunks, tuple(tuple(lane) for lane in lanes))
+        lanes, placement = actions.csv_lanes(arg)
+    got_chunks = len(placement[0]) if placement else 1
+    got_mb = 1 + max((op.microbatch for lane in lanes for op in lane), default=-1)
+    for field, given, got in (("--stages", stages, len(lanes)),
+                              ("--microbatches", microbatches, got_mb),
+                              ("--chunks", chunks, got_chunks)):
+        if given != got and not (field == "--chunks" and given == 1):
+            raise BubblecastError(f"--schedule {name}: the order has {got} for {field}, "
+                                  f"{given} was given")
+    try:
+        sched = Schedule(name, len(lanes), got_mb, got_chunks,
+                         tuple(tuple(lane) for lane in lanes), tuple(placement))
+        _SOURCED_PLACEMENT[name] = sched.placement
+        return sched
+    except ValueError as exc:
+        raise BubblecastError(f"--schedule {name}: {exc}") from None
 
 
 def build_graph(schedule: Schedule) -> ScheduleGraph:
@@ -279,6 +311,7 @@ def build_graph(schedule: Schedule) -> ScheduleGraph:
     """
     p, v = schedule.stages, schedule.chunks
     last = p * v - 1
+    table = schedule.vstages
     stage, chunk, mb, kind = [], [], [], []
     for r, lane in enumerate(schedule.ranks):
         for op in lane:
@@ -289,7 +322,7 @@ def build_graph(schedule: Schedule) -> ScheduleGraph:
     stage_a, chunk_a = np.array(stage, dtype=np.int64), np.array(chunk, dtype=np.int64)
     mb_a, kind_a = np.array(mb, dtype=np.int64), np.array(kind, dtype=np.int64)
     n = len(stage)
-    vs = chunk_a * p + stage_a
+    vs = table[stage_a, chunk_a]
     index = {key: i for i, key in enumerate(zip(kind, mb, vs.tolist(), strict=True))}
     lane_start = np.r_[0, np.cumsum([len(lane) for lane in schedule.ranks])[:-1]]
     prev = np.arange(n) - 1
@@ -311,24 +344,48 @@ def build_graph(schedule: Schedule) -> ScheduleGraph:
     graph = OpGraph(stage_a, prev, np.array(deps, dtype=np.int64).reshape(-1, 2),
                     np.array(lags, dtype=np.float64))
     graph.levels()  # raises on a deadlocked order
-    return ScheduleGraph(schedule, graph, stage_a, chunk_a, mb_a, kind_a)
+    has_w = {(mb[i], int(vs[i])) for i in range(n) if kind[i] == 2}
+    fused = np.array([kind[i] == 1 and (mb[i], int(vs[i])) not in has_w for i in range(n)],
+                     dtype=bool)
+    return ScheduleGraph(schedule, graph, stage_a, chunk_a, mb_a, kind_a, vs, fused)
+
+
+def schedule_graph(name: str, stages: int, microbatches: int, chunks: int = 1) -> ScheduleGraph:
+    """Cached ``build_graph(build_schedule(...))`` (the engine's plan is cached with it); a
+    ``csv:FILE`` entry is rebuilt when the file changes."""
+    stamp = 0.0
+    if str(name).startswith("csv:"):
+        try:
+            stamp = Path(name[4:]).stat().st_mtime
+        except OSError:
+            stamp = -1.0
+    else:
+        spec = lookup_schedule(name)
+        if spec is not None and spec.style == "v" and chunks == 1:
+            chunks = 2
+    return _schedule_graph(name, stages, microbatches, chunks, stamp)
 
 
 @lru_cache(maxsize=64)
-def schedule_graph(name: str, stages: int, microbatches: int, chunks: int = 1) -> ScheduleGraph:
-    """Cached ``build_graph(build_schedule(...))`` (the engine's plan is cached with it)."""
-    return build_graph(build_schedule(name, stages, microbatches, chunks))
+def _schedule_graph(name: str, stages: int, microbatches: int, chunks: int,
+                    stamp: float) -> ScheduleGraph:
+    try:
+        return build_graph(build_schedule(name, stages, microbatches, chunks))
+    except ValueError as exc:
+        if is_sourced(name):
+            raise BubblecastError(f"--schedule {name}: {exc}") from None
+        raise
 
 
 def to_torch_actions(schedule: Schedule) -> dict[int, list[str]]:
     """Per rank, the ops as torch.distributed.pipelining ``_Action`` strings.
 
     The format is ``{stage_index}{type}{microbatch}`` with the global (virtual) stage index
-    ``chunk * P + rank`` (torch's looped placement), ``F`` forward, ``B`` full backward and,
-    for split schedules, ``I`` (backward-input) and ``W`` (backward-weight), e.g. ``"0F1"``,
-    ``"9I0"``, ``"1W3"``; ``torch...schedules._Action.from_str`` parses each string.
+    of the op's chunk (``chunk * P + rank`` looped, ``r`` / ``2P - 1 - r`` V-shape), ``F``
+    forward, ``B`` full backward, ``I`` (backward-input) and ``W`` (backward-weight) where the
+    backward is split, e.g. ``"0F1"``, ``"9I0"``, ``"1W3"``;
+    ``torch...schedules._Action.from_str`` parses each string.
     """
-    b = "I" if schedule.split_backward else "B"
-    names = {"F": "F", "B": b, "W": "W"}
-    return {r: [f"{op.chunk * schedule.stages + r}{names[op.kind]}{op.microbatch}"
-                for op in lane] for r, lane in enumerate(schedule.ranks)}
+    from bubblecast.sim.actions import actions_of
+
+    return actions_of(schedule.ranks, tuple(map(tuple, schedule.vstages.tolist())))

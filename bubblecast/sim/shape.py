@@ -14,14 +14,15 @@ import math
 from dataclasses import dataclass
 
 from bubblecast.errors import BubblecastError
-from bubblecast.sim.schedules import SCHEDULES
+from bubblecast.sim.schedules import SCHEDULES, is_sourced, lookup_schedule
 
 
 @dataclass(frozen=True)
 class PipelineShape:
     """Shape of one pipeline replica: schedule, ranks, microbatches, chunks, p2p time.
 
-    ``schedule`` is a name in :data:`bubblecast.sim.schedules.SCHEDULES`; ``stages`` the
+    ``schedule`` is a name in :data:`bubblecast.sim.schedules.SCHEDULES` (an alias is stored
+    as its name) or a ``torch:<ClassName>`` / ``csv:FILE`` order; ``stages`` the
     ranks; ``chunks`` the model chunks per rank (virtual stage ``c * stages + r`` on rank
     ``r`` for looped schedules); ``comm_s`` the seconds a cross-rank dependency waits (SPEC §2;
     0 when unknown).
@@ -34,7 +35,10 @@ class PipelineShape:
     comm_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
+        spec = lookup_schedule(self.schedule)
+        if spec is not None:
+            object.__setattr__(self, "schedule", spec.name)
+        elif not is_sourced(self.schedule):
             raise BubblecastError(f"--schedule: unknown schedule '{self.schedule}' "
                                   f"(known: {', '.join(SCHEDULES)})")
         for name in ("stages", "microbatches", "chunks"):
@@ -52,7 +56,13 @@ class PipelineShape:
 
     @property
     def split_backward(self) -> bool:
-        """True when the schedule runs B and W as separate ops."""
+        """True when the schedule runs B and W as separate ops (some of them, for DualPipeV
+        and orders that mix full and split backwards)."""
+        if is_sourced(self.schedule):
+            from bubblecast.sim.schedules import schedule_graph
+
+            return schedule_graph(self.schedule, self.stages, self.microbatches,
+                                  self.chunks).schedule.split_backward
         return SCHEDULES[self.schedule].split_backward
 
 

@@ -32,7 +32,7 @@ import pandas as pd
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
-from bubblecast.sim.schedules import _check
+from bubblecast.sim.schedules import check_schedule
 from bubblecast.sim.shape import PipelineShape
 from bubblecast.sim.steptime import shape_graph
 from bubblecast.sim.workload import (
@@ -75,7 +75,10 @@ class SimConfig:
     first_run: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.schedule, self.stages, self.microbatches, self.chunks)
+        name, chunks = check_schedule(self.schedule, self.stages, self.microbatches,
+                                      self.chunks)
+        object.__setattr__(self, "schedule", name)  # canonical name (aliases resolved)
+        object.__setattr__(self, "chunks", chunks)  # V-shape schedules hold 2
         if not isinstance(self.first_run, (int, np.integer)) or self.first_run < 0:
             raise BubblecastError(f"first_run: must be an integer >= 0, got {self.first_run}")
         for name in ("steps", "replicas", "runs"):
@@ -144,9 +147,8 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload,
         per_stage = stage_costs(workload, np.array([[workload.n_layers]]))[0, 0] / p
         workload = workload.with_extra_last(tuple(draw.last_stage_extra * per_stage))
     costs = stage_costs(workload, parts)  # (steps, S, 3)
-    if not config.shape.split_backward:
-        costs[..., 1] += costs[..., 2]
     base = costs[:, sg.virtual_stage, sg.kind]  # (steps, ops)
+    base += costs[:, sg.virtual_stage, 2] * sg.fused  # a backward without a W op carries W
     speed = draw.speed.reshape(steps, replicas, p)
     dur = base[:, None, :] * speed[:, :, sg.stage]
     if draw.work is not None:
@@ -167,7 +169,8 @@ def simulate_events(config: SimConfig) -> Events:
     sg = shape_graph(config.shape)
     p, v, steps, replicas = config.stages, config.chunks, config.steps, config.replicas
     base_workload = config.workload()
-    parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v)
+    parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v,
+                             config.schedule)
     n, runs = sg.graph.n_ops, config.runs
     dur = np.empty((runs, steps, replicas, n))
     metas, draws = {}, []
@@ -187,7 +190,8 @@ def simulate_events(config: SimConfig) -> Events:
     mb = np.tile(sg.microbatch.astype(np.int32), runs * steps * replicas)
     kind = np.tile(sg.kind, runs * steps * replicas)
     rank = replica * p + stage
-    layers_rank = parts.reshape(steps, v, p).sum(axis=1).astype(np.int32)  # (steps, P)
+    layers_rank = np.zeros((steps, p), dtype=np.int32)  # (steps, P): each rank's chunks
+    np.add.at(layers_rank.T, sg.rank_of_vstage, parts.T)
     run_codes = np.repeat(np.arange(runs), rows_per_run)
     frame = pd.DataFrame({
         "run_id": pd.Categorical.from_codes(run_codes, categories=list(metas)),

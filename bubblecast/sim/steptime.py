@@ -16,7 +16,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import simulate
-from bubblecast.sim.schedules import ScheduleGraph, schedule_graph
+from bubblecast.sim.schedules import ScheduleGraph, check_schedule, schedule_graph
 from bubblecast.sim.shape import PipelineShape
 
 
@@ -31,6 +31,7 @@ def timing_shape(schedule: str = "1f1b", stages: int = 1, microbatches: int = 1,
     fit the schedule's rules (checked here, once, rather than at the first timing)."""
     if not (np.isfinite(comm_s) and comm_s >= 0):
         raise BubblecastError(f"comm_s: must be finite and >= 0, got {comm_s}")
+    schedule, chunks = check_schedule(schedule, stages, microbatches, chunks)
     schedule_graph(schedule, stages, microbatches, chunks)  # the simulator's own messages
     return PipelineShape(schedule, stages, microbatches, chunks, float(comm_s))
 
@@ -38,23 +39,21 @@ def timing_shape(schedule: str = "1f1b", stages: int = 1, microbatches: int = 1,
 def op_durations(shape: PipelineShape, f: np.ndarray, b: np.ndarray, w: np.ndarray
                  ) -> np.ndarray:
     """Per-op durations ``(batch, ops)`` from per-microbatch F, B and W seconds per virtual
-    stage, each ``(batch, V)`` or per microbatch ``(batch, V, M)``. Unsplit schedules run
-    B + W as one backward op (SPEC §3)."""
+    stage, each ``(batch, V)`` or per microbatch ``(batch, V, M)``. A backward without its own
+    W op (every backward of an unsplit schedule) runs B + W as one op (SPEC §3)."""
     sg = shape_graph(shape)
     vs = sg.virtual_stage
     by_kind = [np.asarray(x, dtype=np.float64) for x in (f, b, w)]
-    if not shape.split_backward:
-        by_kind = [by_kind[0], by_kind[1] + by_kind[2], by_kind[2] * 0.0]
     out = np.zeros((np.atleast_2d(by_kind[0]).shape[0], sg.graph.n_ops))
     for k, values in enumerate(by_kind):
-        mask = sg.kind == k
-        if not mask.any():
-            continue
-        values = np.atleast_2d(values) if values.ndim < 3 else values
-        if values.ndim == 3:
-            out[:, mask] = values[:, vs[mask], sg.microbatch[mask]]
-        else:
-            out[:, mask] = values[:, vs[mask]]
+        for mask in ((sg.kind == k), (sg.fused if k == 2 else None)):
+            if mask is None or not mask.any():
+                continue
+            values = np.atleast_2d(values) if values.ndim < 3 else values
+            if values.ndim == 3:
+                out[:, mask] += values[:, vs[mask], sg.microbatch[mask]]
+            else:
+                out[:, mask] += values[:, vs[mask]]
     return out
 
 
@@ -62,12 +61,12 @@ def stage_op_durations(shape: PipelineShape, stage_compute: np.ndarray,
                        weights: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
     """Per-op durations ``(batch, ops)`` from per-rank compute seconds per step
     ``(batch, stages)``: split evenly over microbatches and chunks, then over F/B/W by
-    ``weights`` (the backward op carries B+W when the schedule does not split it, SPEC §3)."""
+    ``weights`` (a backward without its own W op carries B+W, SPEC §3)."""
     sg = shape_graph(shape)
     wf, wb, ww = (float(x) for x in weights)
-    share = np.array([wf, wb, ww] if shape.split_backward else [wf, wb + ww, 0.0])
-    share *= 1.0 / (shape.microbatches * shape.chunks) / (wf + wb + ww)
-    return np.atleast_2d(stage_compute)[:, sg.stage] * share[sg.kind][None, :]
+    share = np.array([wf, wb, ww])[sg.kind] + ww * sg.fused
+    share *= 1.0 / (shape.microbatches * sg.schedule.chunks) / (wf + wb + ww)
+    return np.atleast_2d(stage_compute)[:, sg.stage] * share[None, :]
 
 
 def step_times(shape: PipelineShape, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,10 +103,10 @@ def predicted_step(shape: PipelineShape, partitions: list[tuple[int, ...]], cost
     """
     speeds = np.atleast_2d(np.asarray(speeds, dtype=np.float64))
     h = speeds.shape[0]
-    vspeed = np.tile(speeds, (1, shape.chunks))  # virtual stage c*P + r runs on rank r
+    vspeed = speeds[:, shape_graph(shape).rank_of_vstage]  # each virtual stage at its rank's
     work = np.stack([stage_kind_work(p, costs) for p in partitions])  # (K, 3, V)
     per = work[:, None, :, :] * vspeed[None, :, None, :]  # (K, H, 3, V)
-    per = per.reshape(-1, 3, shape.virtual_stages)
+    per = per.reshape(-1, 3, work.shape[-1])
     if mb_factor is not None:
         fac = np.tile(np.atleast_2d(mb_factor), (len(partitions), 1))  # (K*H, M)
         kinds = [per[:, k, :, None] * fac[:, None, :] for k in range(3)]

@@ -16,8 +16,9 @@ Sources of per-layer costs (:func:`load_workload`):
   layers are taken in topological order of the edges (ties by node number).
 
 A partition lists layers per stage: ``stages`` entries (split evenly over a rank's chunks in
-interleaved schedules) or ``stages * chunks`` entries in virtual-stage order (rank ``r`` chunk
-``c`` is virtual stage ``c * P + r``). Virtual stages hold consecutive layers. It may change
+multi-chunk schedules) or ``stages * chunks`` entries in virtual-stage order (rank ``r`` chunk
+``c`` is virtual stage ``c * P + r`` in looped schedules; ``r`` and ``2P - 1 - r`` in V-shape
+ones). Virtual stages hold consecutive layers. It may change
 between steps: :func:`partition_matrix` accepts one partition, a ``(steps, S)`` array or a
 callable ``step -> partition``.
 
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.sim.shape import even_partition
 
 #: Default W share of a parameter-holding layer's backward when the source gives no split.
@@ -239,8 +241,9 @@ def load_workload(spec: str, *, f: float = 1.0, b: float = 1.0, w: float = 1.0,
 
 
 def expand_partition(partition: Sequence[int], layers: int, stages: int,
-                     chunks: int = 1) -> np.ndarray:
-    """Validate a partition and return layers per virtual stage (``stages * chunks``)."""
+                     chunks: int = 1, schedule: str = "1f1b") -> np.ndarray:
+    """Validate a partition and return layers per virtual stage (``stages * chunks``); a
+    per-rank partition is split evenly over the rank's chunks, placed as ``schedule`` does."""
     part = [int(x) for x in partition]
     if len(part) not in (stages, stages * chunks):
         want = f"{stages}" if chunks == 1 else f"{stages} or {stages * chunks}"
@@ -253,25 +256,27 @@ def expand_partition(partition: Sequence[int], layers: int, stages: int,
         if min(part) < chunks:
             raise BubblecastError(f"--partition: each rank needs at least {chunks} layers "
                                   f"(one per chunk), got {part}")
-        per_rank = [even_partition(x, chunks) for x in part]
-        part = [per_rank[r][c] for c in range(chunks) for r in range(stages)]
+        per_rank = [list(even_partition(x, chunks)) for x in part]
+        owner = vstage_ranks(schedule, stages, chunks)
+        part = [per_rank[r].pop(0) for r in owner.tolist()]
     return np.asarray(part, dtype=np.int64)
 
 
 def partition_matrix(spec: PartitionSpec, steps: int, layers: int, stages: int,
-                     chunks: int = 1) -> np.ndarray:
+                     chunks: int = 1, schedule: str = "1f1b") -> np.ndarray:
     """Layers per virtual stage for every step, ``(steps, stages * chunks)``."""
     if spec is None:
         row = np.asarray(even_partition(layers, stages * chunks), dtype=np.int64)
         return np.broadcast_to(row, (steps, len(row)))
     if callable(spec):
-        return np.stack([expand_partition(spec(s), layers, stages, chunks) for s in range(steps)])
+        return np.stack([expand_partition(spec(s), layers, stages, chunks, schedule)
+                         for s in range(steps)])
     arr = np.asarray(spec)
     if arr.ndim == 2:
         if arr.shape[0] != steps:
             raise BubblecastError(f"--partition: {arr.shape[0]} rows for {steps} steps")
-        return np.stack([expand_partition(r, layers, stages, chunks) for r in arr])
-    row = expand_partition(arr.tolist(), layers, stages, chunks)
+        return np.stack([expand_partition(r, layers, stages, chunks, schedule) for r in arr])
+    row = expand_partition(arr.tolist(), layers, stages, chunks, schedule)
     return np.broadcast_to(row, (steps, len(row)))
 
 
@@ -315,9 +320,12 @@ def counterfactual_stage_times(meta: Any, speed: np.ndarray, tokens: np.ndarray 
     steps = speed.shape[0]
     if speed.shape[1] != stages * replicas:
         raise BubblecastError(f"speed: {speed.shape[1]} ranks, the run has {stages * replicas}")
-    parts = partition_matrix(partition, steps, workload.n_layers, stages, chunks)
+    schedule = str(getattr(meta, "schedule", "1f1b"))
+    parts = partition_matrix(partition, steps, workload.n_layers, stages, chunks, schedule)
     per_mb = stage_costs(workload, parts).sum(axis=2)  # (steps, S) F + B + W per microbatch
-    per_rank = per_mb.reshape(steps, chunks, stages).sum(axis=1)  # (steps, stages)
+    owner = vstage_ranks(schedule, stages, chunks)
+    per_rank = np.zeros((steps, stages))
+    np.add.at(per_rank.T, owner, per_mb.T)  # (steps, stages): each rank's chunks summed
     if tokens is not None:
         model = extra.get("tokens_model")
         if model is None:

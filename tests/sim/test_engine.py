@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bubblecast.sim.engine import OpGraph, simulate
-from bubblecast.sim.schedules import SIMULABLE, schedule_graph
+from bubblecast.sim.schedules import SCHEDULES, SIMULABLE, schedule_graph
 from tests.oracles.sim_reference import simulate_reference
 
 
@@ -104,7 +104,7 @@ def _accounting(start, end, dur, lane, lanes):
 
 @pytest.mark.parametrize("name", SIMULABLE)
 def test_idle_nonnegative_and_busy_plus_idle(name):
-    chunks = 2 if name == "interleaved" else 1
+    chunks = 2 if SCHEDULES[name].multi_chunk else 1
     sg = schedule_graph(name, 4, 8, chunks)
     rng = np.random.default_rng(3)
     dur = rng.lognormal(0, 0.5, (20, sg.graph.n_ops))
@@ -119,6 +119,22 @@ def test_idle_nonnegative_and_busy_plus_idle(name):
         s = np.take_along_axis(start[:, ops], order, 1)
         e = np.take_along_axis(end[:, ops], order, 1)
         assert (s[:, 1:] >= e[:, :-1] - 1e-12).all()
+
+
+@pytest.mark.parametrize("name", SIMULABLE)
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (3, 9), (8, 24)])
+def test_every_schedule_equals_the_reference_loop(name, p, m):
+    """Exact start and end times, every schedule (V-shape ones included), random op times."""
+    chunks = 2 if SCHEDULES[name].multi_chunk else 1
+    if name in ("interleaved", "zb-interleaved") and m % max(1, m // p):
+        m = p * 2
+    sg = schedule_graph(name, p, m, chunks)
+    rng = np.random.default_rng(p * 1000 + m)
+    dur = rng.uniform(0, 2, (5, sg.graph.n_ops))
+    comm = rng.uniform(0, 0.5, 5)
+    for got, want in zip(simulate(sg.graph, dur, comm), simulate_reference(sg.graph, dur, comm),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_cycle_is_reported():

@@ -147,8 +147,11 @@ def test_orders_match_the_textbook():
 
 @pytest.mark.parametrize(("name", "kwargs", "match"), [
     ("foo", {}, "unknown schedule"),
-    ("1f1b", {"chunks": 2}, "only the interleaved"),
-    ("interleaved", {"chunks": 2, "microbatches": 6}, "multiple of --stages"),
+    ("1f1b", {"chunks": 2}, "only interleaved, looped-bfs"),
+    ("interleaved", {"chunks": 2, "microbatches": 9}, "needs a multiple of 2 microbatches"),
+    ("zbv", {"chunks": 3}, "exactly 2 chunks"),
+    ("dualpipev", {"microbatches": 7}, "at least 8"),
+    ("torch:ScheduleGPipe", {}, "multi-stage"),
     ("gpipe", {"stages": 0}, "--stages"),
 ])
 def test_bad_input_is_a_one_line_error(name, kwargs, match):
@@ -160,8 +163,9 @@ def test_bad_input_is_a_one_line_error(name, kwargs, match):
 
 @pytest.mark.parametrize("name", SIMULABLE)
 def test_torch_action_strings(name):
-    v = 2 if name == "interleaved" else 1
+    v = 2 if SCHEDULES[name].multi_chunk else 1
     sched = build_schedule(name, 4, 8, v)
+    vstages = sched.vstages
     actions = to_torch_actions(sched)
     assert len(actions) == 4 and all(len(actions[r]) == len(sched.ranks[r]) for r in range(4))
     if name == "interleaved":
@@ -171,7 +175,7 @@ def test_torch_action_strings(name):
         for text, op in zip(strings, sched.ranks[r], strict=True):
             act = schedules._Action.from_str(text)
             assert str(act) == text
-            assert act.stage_index % 4 == r and act.stage_index // 4 == op.chunk
+            assert act.stage_index == vstages[r, op.chunk]
             assert act.microbatch_index == op.microbatch
 
 
@@ -202,14 +206,18 @@ def test_matches_torch_generators():
 
 
 def test_schedule_table_flags_agree_with_the_builders():
-    assert SIMULABLE == ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+    assert SIMULABLE == ("gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "zb-h2",
+                         "zb-interleaved", "zbv", "dualpipev")
     for name in SIMULABLE:
         spec = SCHEDULES[name]
         chunks = 2 if spec.multi_chunk else 1
         built = build_schedule(name, 4, 8, chunks)
         assert built.split_backward == spec.split_backward, name
+        v_shape = chunks == 2 and (built.vstages[:, 1] == 7 - np.arange(4)).all()
+        assert v_shape == (spec.style == "v"), name
     assert lookup_schedule("ScheduleDualPipeV").name == "dualpipev"
     assert lookup_schedule(" ZBH1 ").name == "zb-h1" and lookup_schedule("pipedream") is None
-    assert SCHEDULES["zb-h2"].torch_class is None and not SCHEDULES["zbv"].simulable
-    with pytest.raises(BubblecastError, match="only the interleaved schedule has model chunks"):
+    assert SCHEDULES["zb-h2"].torch_class is None and SCHEDULES["zbv"].simulable
+    assert lookup_schedule("zb-v").name == "zbv"
+    with pytest.raises(BubblecastError, match="only interleaved, looped-bfs, zb-interleaved"):
         build_schedule("1f1b", 4, 8, 2)

@@ -111,7 +111,9 @@ def test_model_and_partition(tmp_path):
 @pytest.mark.parametrize(("args", "match"), [
     (["--schedule", "pipedream"], "unknown schedule"),
     (["--schedule", "1f1b", "--chunks", "2"], "--chunks"),
-    (["--schedule", "interleaved", "--chunks", "2", "--microbatches", "6"], "multiple"),
+    (["--schedule", "interleaved", "--chunks", "2", "--microbatches", "9"], "multiple"),
+    (["--schedule", "torch:ScheduleNope"], "multi-stage schedule classes"),
+    (["--schedule", "csv:no/such.csv"], "cannot read"),
     (["--schedule", "1f1b", "--model", "uniform:8", "--partition", "3,4,1,1"], "sums to 9"),
     (["--schedule", "1f1b", "--model", "uniform:8", "--partition", "3,x"], "integers"),
     (["--schedule", "1f1b", "--partition", "2,2,2,2"], "needs --model"),
