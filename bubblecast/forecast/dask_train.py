@@ -7,8 +7,9 @@ three raw scores, targets and groups come back for the conformal shifts. The run
 train / validation / calibration is the in-process one (same runs). Differences from the
 in-process fit: every training row is used (no ``max_train_rows`` sample), and early stopping
 is applied after the fact (``lightgbm.dask`` has none): all ``n_estimators`` rounds are
-trained with the validation runs as ``eval_set`` and the booster is cut at the iteration
-LightGBM's early-stopping rule would have kept. The result is an ordinary
+trained, the validation runs' pinball loss after each round is computed here from the leaves
+of a sample of their rows, and the booster is cut at the iteration LightGBM's early-stopping
+rule would have kept. The result is an ordinary
 :class:`LGBMForecaster`: saved, registered and served exactly as one trained in process.
 """
 
@@ -32,6 +33,9 @@ from bubblecast.forecast.base import (
 )
 from bubblecast.forecast.conformal import calibration_groups, grouped_shifts
 from bubblecast.forecast.lgbm import LGBMForecaster, tabular_features
+
+#: Validation rows (a seeded sample) scored to choose each booster's iteration count.
+VALIDATION_ROWS = 20_000
 
 
 def _read_part(path: str) -> pd.DataFrame:
@@ -76,6 +80,35 @@ def best_iteration(curve: list[float], rounds: int) -> int:
         elif i - best_i >= rounds:
             break
     return best_i + 1
+
+
+def validation_curve(booster: Any, x: np.ndarray, z: np.ndarray, alpha: float) -> np.ndarray:
+    """Mean pinball loss of ``booster`` on ``(x, z)`` after each iteration (what LightGBM's
+    ``quantile`` metric on an ``eval_set`` reports), from the leaves each row falls in."""
+    leaves = booster.predict(x, pred_leaf=True)
+    leaves = leaves.reshape(len(x), -1)
+    trees = booster.trees_to_dataframe()
+    trees = trees[trees["left_child"].isna()]
+    tree = trees["tree_index"].to_numpy()
+    leaf = trees["node_index"].str.split("-L").str[1].astype(int).to_numpy()
+    values = np.zeros((int(tree.max()) + 1, int(leaf.max()) + 1))
+    values[tree, leaf] = trees["value"].to_numpy()
+    pred = np.cumsum(values[np.arange(leaves.shape[1]), leaves], axis=1)
+    r = z[:, None] - pred
+    return np.mean(np.maximum(alpha * r, (alpha - 1) * r), axis=0)
+
+
+def _validation_rows(client: Any, futures: list[Any], h: int, cap: int, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The validation runs' rows at horizon ``h`` in this process (a seeded sample of ``cap``
+    rows at most: they only pick the iteration count)."""
+    parts = client.gather(client.map(lambda d, h=h: d[h], futures, pure=False))
+    x = np.concatenate([p[0] for p in parts])
+    z = np.concatenate([p[1] for p in parts])
+    if len(z) > cap:
+        keep = np.sort(np.random.default_rng(seed).choice(len(z), cap, replace=False))
+        x, z = x[keep], z[keep]
+    return x, z
 
 
 def _stack(client: Any, futures: list[Any], h: int, width: int) -> tuple[Any, Any]:
@@ -125,13 +158,15 @@ def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
              for s in ("train", "val")}
     for h in model.horizons_:
         x, z = _stack(client, parts["train"], h, len(names))
-        xv, zv = _stack(client, parts["val"], h, len(names))
+        xv, zv = _validation_rows(client, parts["val"], h, VALIDATION_ROWS, model.seed)
+        if len(zv) == 0:
+            raise BubblecastError(f"no validation rows with a known target at horizon {h}")
         for q in QUANTILES:
-            params = model._params(q)
+            params = {k: v for k, v in model._params(q).items() if k != "num_threads"}
             reg = DaskLGBMRegressor(client=client, n_estimators=model.n_estimators, **params)
-            reg.fit(x, z, eval_set=[(xv, zv)], feature_name=names)
-            curve = next(iter(reg.evals_result_["valid_0"].values()))
+            reg.fit(x, z, feature_name=names)
             booster = reg.booster_
+            curve = validation_curve(booster, xv, zv, q)
             booster.best_iteration = best_iteration(curve, model.early_stopping_rounds)
             model.boosters_[(h, q)] = booster
             model.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
@@ -191,4 +226,4 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
                                .head(5)}
 
 
-__all__ = ["best_iteration", "fit_dask", "train_dask"]
+__all__ = ["VALIDATION_ROWS", "best_iteration", "fit_dask", "train_dask", "validation_curve"]

@@ -1,0 +1,168 @@
+"""Fleet layout and Dask execution: a real LocalCluster of 2 worker processes per module.
+
+The CLI joins the module's cluster with ``--cluster tcp://...`` (the ``local:N`` path starts
+its own, the same code after start-up)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bubblecast.cli import main
+from bubblecast.errors import BubblecastError
+from bubblecast.telemetry.fleet import fleet_runs, run_dir_name
+from bubblecast.telemetry.io import read_events, write_events
+
+distributed = pytest.importorskip("distributed")
+
+SIM = ["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--steps",
+       "75", "--scenario", "mixed", "--seed", "3"]
+DATA = ["--windows", "5,20", "--horizons", "1,5", "--lags", "8"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> str:
+    cl = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0", silence_logs=logging.ERROR)
+    with cl:
+        yield cl.scheduler_address
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fleet")
+    assert main([*SIM, "--runs", "6", "--out", f"{root / 'fleet'}/"]) == 0
+    return root / "fleet"
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.assign(run_id=frame["run_id"].astype(str), scenario=frame["scenario"]
+                         .astype(str)) if "scenario" in frame else frame
+    return frame.sort_values(["run_id", "replica", "stage", "step"]).reset_index(drop=True)
+
+
+def test_simulate_writes_a_fleet_equal_to_one_file(fleet: Path, tmp_path: Path) -> None:
+    assert list(fleet_runs(fleet)) == [f"sim-{k}" for k in range(6)]
+    assert all((d / "part-00000.parquet").is_file() for d in fleet_runs(fleet).values())
+    assert main([*SIM, "--runs", "6", "--out", str(tmp_path / "one.parquet")]) == 0
+    one, many = read_events(tmp_path / "one.parquet"), read_events(fleet)
+    assert one.runs == many.runs
+    pd.testing.assert_frame_equal(one.frame, many.frame)
+
+
+def test_append_is_atomic_and_refuses_a_present_run(fleet: Path, tmp_path: Path) -> None:
+    events = read_events(fleet / run_dir_name("sim-0"))
+    target = tmp_path / "f"
+    write_events(events, f"{target}/")
+    with pytest.raises(BubblecastError, match="already in the fleet"):
+        write_events(events, target)
+    # a half-written run (hidden temporary) is invisible to readers
+    hidden = target / f".{run_dir_name('sim-9')}.abc.1"
+    hidden.mkdir()
+    (hidden / "part-00000.parquet").write_bytes(b"garbage")
+    assert read_events(target).run_ids == ["sim-0"]
+
+
+def test_dataset_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from bubblecast.dataset.store import read_features
+
+    assert main(["dataset", str(fleet), *DATA, "--out", str(tmp_path / "a.parquet"),
+                 "--json"]) == 0
+    local = _json(capsys)
+    assert main(["dataset", str(fleet), *DATA, "--out", str(tmp_path / "b"), "--json",
+                 "--cluster", cluster]) == 0
+    remote = _json(capsys)
+    assert remote["fingerprint"] == local["fingerprint"]
+    assert remote["rows"] == local["rows"] > 0
+    assert sorted(fleet_runs(tmp_path / "b")) == [f"sim-{k}" for k in range(6)]
+    a, meta_a = read_features(tmp_path / "a.parquet")
+    b, meta_b = read_features(tmp_path / "b")
+    assert meta_a.runs == meta_b.runs and meta_a.run_info == meta_b.run_info
+    pd.testing.assert_frame_equal(_sorted(a), _sorted(b))
+
+
+def test_corrupt_run_fails_naming_it_or_is_skipped(fleet: Path, tmp_path: Path, cluster: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(fleet, bad)
+    part = bad / run_dir_name("sim-2") / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:200] + b"\0" * 64)
+    out = tmp_path / "feat"
+    assert main(["dataset", str(bad), *DATA, "--out", str(out), "--cluster", cluster]) == 2
+    err = capsys.readouterr().err
+    assert "sim-2" in err and "part-00000.parquet" in err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert main(["dataset", str(bad), *DATA, "--out", str(out), "--cluster", cluster,
+                 "--skip-bad-runs", "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert [s["run_id"] for s in summary["skipped_runs"]] == ["sim-2"]
+    assert summary["runs"] == 5 and "sim-2" in captured.err
+    assert main(["dataset", str(bad), *DATA, "--out", str(tmp_path / "f.parquet"),
+                 "--skip-bad-runs", "--json"]) == 0
+    assert _json(capsys)["fingerprint"] == summary["fingerprint"]
+
+
+def test_missing_extra_is_one_line(monkeypatch: pytest.MonkeyPatch, fleet: Path,
+                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    assert main(["dataset", str(fleet), *DATA, "--out", str(tmp_path / "x"),
+                 "--cluster", "local:2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fleet" in err and len(err.splitlines()) == 1
+    assert main(["dataset", str(fleet), "--out", "x", "--cluster", "local"]) == 2
+
+
+def test_best_iteration_follows_early_stopping() -> None:
+    from bubblecast.forecast.dask_train import best_iteration
+
+    assert best_iteration([5, 4, 3, 3.5, 3.6, 3.7, 2.0], 3) == 3
+    assert best_iteration([5, 4, 3, 3.5, 2.0], 3) == 5
+
+
+def test_lgbm_on_dask_is_an_ordinary_model(fleet: Path, tmp_path: Path, cluster: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from bubblecast.dataset.store import read_features
+    from bubblecast.forecast.modeldir import load_model
+    from bubblecast.forecast.training import train_model
+
+    assert main(["dataset", str(fleet), *DATA, "--out", f"{tmp_path / 'feat'}/"]) == 0
+    result = train_model(tmp_path / "feat", "lgbm", tmp_path / "model", track=False,
+                         params={"n_estimators": 15, "seed": 0}, cluster=cluster)
+    assert set(result["metrics"]) == {"h1", "h5"} and result["runs"] == 5
+    model = load_model(str(tmp_path / "model"))
+    frame, _ = read_features(tmp_path / "feat")
+    preds = model.predict_signal(frame.head(20), [1, 5])
+    assert all(np.isfinite(p).all() and p.shape == (20, 3) for p in preds.values())
+    with pytest.raises(BubblecastError, match="one process"):
+        train_model(tmp_path / "feat", "seq", tmp_path / "m2", track=False, cluster=cluster)
+
+
+def test_validation_curve_is_lightgbms_quantile_metric() -> None:
+    import lightgbm as lgb
+
+    from bubblecast.forecast.dask_train import validation_curve
+
+    rng = np.random.default_rng(0)
+    x, xv = rng.normal(size=(800, 4)), rng.normal(size=(300, 4))
+    y, yv = x[:, 0] + rng.normal(size=800), xv[:, 0] + rng.normal(size=300)
+    recorded: dict = {}
+    booster = lgb.train({"objective": "quantile", "alpha": 0.9, "verbosity": -1,
+                         "num_leaves": 7}, lgb.Dataset(x, y), 30,
+                        valid_sets=[lgb.Dataset(xv, yv)],
+                        callbacks=[lgb.record_evaluation(recorded)])
+    expected = np.array(recorded["valid_0"]["quantile"])
+    np.testing.assert_allclose(validation_curve(booster, xv, yv, 0.9), expected, rtol=1e-6)
