@@ -25,7 +25,8 @@ from bubblecast.telemetry.schema import COMPUTE_OPS
 
 def rank_step_table(frame: pd.DataFrame, start: np.ndarray | None = None,
                     duration: np.ndarray | None = None) -> pd.DataFrame:
-    """One row per (step, rank): stage, replica, window_start, window_s, busy_s, idle_s.
+    """One row per (step, rank): stage, replica, window_start, window_s, busy_s, idle_s,
+    span_s (the rank's own span: its first compute op's start to its last one's end).
 
     Ranks are those with any op in the step; a (step, replica) with no compute op has no window
     and is left out. O(n) numpy when the rows are in lane order, one sort otherwise.
@@ -65,7 +66,9 @@ def rank_step_table(frame: pd.DataFrame, start: np.ndarray | None = None,
     table["window_s"] = g["hi"].transform("max") - table["window_start"]
     table = table.loc[np.isfinite(table["window_s"].to_numpy())]
     table["idle_s"] = table["window_s"] - table["busy_s"]
-    cols = ["step", "rank", "stage", "replica", "window_start", "window_s", "busy_s", "idle_s"]
+    table["span_s"] = table["hi"] - table["lo"]
+    cols = ["step", "rank", "stage", "replica", "window_start", "window_s", "busy_s", "idle_s",
+            "span_s"]
     return table[cols].reset_index(drop=True)
 
 
@@ -73,6 +76,19 @@ def bubble_fraction(table: pd.DataFrame) -> float:
     """Total idle / total (ranks x window) of a :func:`rank_step_table`."""
     total = float(table["window_s"].sum())
     return float(table["idle_s"].sum()) / total if total > 0 else 0.0
+
+
+def steady_bubble_fraction(table: pd.DataFrame) -> float:
+    """SPEC §2 steady bubble fraction of a :func:`rank_step_table`: 1 - total busy / total
+    (ranks x the longest single-rank span) over its (step, replica) windows.
+
+    A rank's span runs from its first compute op of the step to its last, so the warm-up and
+    cool-down skew between ranks, which iterations that tile overlap, does not count: the
+    zero-bubble authors' measure for ZB-H2 and the V-shape schedules.
+    """
+    g = table.groupby(["step", "replica"], sort=False)
+    cells = float((g["span_s"].max() * g["span_s"].size()).sum())
+    return 1.0 - float(table["busy_s"].sum()) / cells if cells > 0 else 0.0
 
 
 def stage_compute(frame: pd.DataFrame) -> pd.DataFrame:
@@ -186,6 +202,7 @@ def inspect_summary(events: Events, run_id: str | None = None) -> dict[str, Any]
         "stages": meta.stages,
         "replicas": meta.replicas,
         "bubble_fraction": observed,
+        "steady_bubble_fraction": steady_bubble_fraction(table),
         "structural_bubble_fraction": structural,
         "dynamic_bubble_fraction": None if structural is None else observed - structural,
         "step_time_s": {"median": float(steps.median()), "p90": float(steps.quantile(0.9))},

@@ -19,14 +19,16 @@ from bubblecast.sim.accounting import (
     per_step_table,
     rank_step_table,
     stage_step_idle,
+    steady_bubble_fraction,
 )
+from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.sim.slow_ranks import SlowRankConfig, detect_slow_ranks
 from bubblecast.sim.steptime import observed_step_times
 from bubblecast.telemetry import RunMeta, from_frame, write_events
 from tests.sim.test_replay import COLUMNS, synthetic_run
 from tests.telemetry.strategies import valid_events
 
-SPEC_KEYS = {"run_id", "steps", "stages", "replicas", "bubble_fraction",
+SPEC_KEYS = {"run_id", "steps", "stages", "replicas", "bubble_fraction", "steady_bubble_fraction",
              "structural_bubble_fraction", "dynamic_bubble_fraction", "step_time_s",
              "bottleneck_stage", "slow_ranks", "per_stage"}
 
@@ -45,6 +47,33 @@ def test_zero_bubble_paper_table_5(schedule, chunks, expected):
     ev = synthetic_run(schedule, 8, 24, chunks=chunks, steps=1, f=18.522, b=18.086, w=9.337,
                        comm=0.601)
     assert bubble_fraction(rank_step_table(ev.frame)) == pytest.approx(expected, abs=2e-3)
+
+
+def _fractions(schedule: str, p: int, m: int, chunks: int = 1, **times: float
+               ) -> tuple[float, float]:
+    ev = simulate_events(SimConfig(schedule=schedule, stages=p, microbatches=m, chunks=chunks,
+                                   **times))
+    table = rank_step_table(ev.frame)
+    return bubble_fraction(table), steady_bubble_fraction(table)
+
+
+def test_steady_bubble_targets():
+    """SPEC §2: ZB-H2 tiles perfectly at p=4, m=8, F=B=W=1, no comm (its single-step bubble
+    is (p-1)/(3m+p-1) = 1/9); at Table 5's setting its steady figure is 0.1083."""
+    bubble, steady = _fractions("zb-h2", 4, 8)
+    assert steady == pytest.approx(0.0, abs=1e-12) and bubble == pytest.approx(1 / 9, abs=1e-12)
+    paper = {"f": 18.522, "b": 18.086, "w": 9.337, "comm": 0.601}
+    assert round(_fractions("zb-h2", 8, 24, **paper)[1], 4) == 0.1083
+    # 1F1B's first rank spans the whole window: both measures agree
+    bubble, steady = _fractions("1f1b", 4, 8, **paper)
+    assert steady == pytest.approx(bubble, abs=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev"])
+def test_steady_is_at_most_the_bubble_fraction(schedule):
+    for p, m in [(2, 4), (4, 8), (4, 12)]:
+        bubble, steady = _fractions(schedule, p, m, f=1.0, b=1.3, w=0.6, comm=0.2)
+        assert -1e-12 <= steady <= bubble + 1e-12
 
 
 def test_gpipe_with_comm_matches_an_independent_formula():
