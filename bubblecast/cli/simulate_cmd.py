@@ -22,7 +22,8 @@ def simulate(
     steps: int = typer.Option(1, "--steps", help="Optimizer steps."),
     replicas: int = typer.Option(1, "--replicas", help="Data-parallel replicas D."),
     scenario: str = typer.Option("none", "--scenario",
-                                 help="none, jitter, throttle, failslow, periodic, seqlen, "
+                                 help="none, jitter, throttle, thermal, failslow, periodic, "
+                                      "seqlen, "
                                       "imbalance or mixed."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     out: str = typer.Option(..., "--out", help="Events Parquet file to write; a directory "
@@ -60,6 +61,9 @@ def simulate(
         events = simulate_events(config)
         write_events(events, out)
         run_ids, n_events = list(events.runs), len(events)
+    from bubblecast.sim.thermal import write_simulated_metrics
+
+    write_simulated_metrics(config, out)  # device metrics beside the events, when any
     if json_out:
         emit_json({"out": str(out), "runs": len(run_ids), "run_ids": run_ids,
                    "events": n_events})

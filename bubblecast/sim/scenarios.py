@@ -12,9 +12,13 @@ returns a :class:`ScenarioDraw` with the ground truth the simulator applies and 
 - ``last_stage_extra``: a static extra cost on the model's last layer, as a fraction of a
   stage's mean compute (``imbalance``); saved inside the run's workload.
 - ``info``: the realised random choices (slow rank, onset step, factor...), JSON-able.
+- ``metrics``: device metrics by name, each ``(steps, ranks)``, written beside the events as
+  the ``device_metrics`` side table (:mod:`bubblecast.sim.thermal`): ``temperature_c``,
+  ``sm_clock_mhz`` and ``power_w`` (``thermal``), the known-future ``tokens`` (``seqlen``:
+  mean tokens per micro-batch of the rank's replica at that step).
 
-Registered names (:data:`SCENARIOS`): none, jitter, throttle, failslow, periodic, seqlen,
-imbalance, mixed.
+Registered names (:data:`SCENARIOS`): none, jitter, throttle, thermal, failslow, periodic,
+seqlen, imbalance, mixed.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class ScenarioDraw:
     work: np.ndarray | None = None
     last_stage_extra: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _check_range(name: str, low: float, high: float, minimum: float = 0.0) -> None:
@@ -128,6 +133,45 @@ class Throttle(Scenario):
         speed[:, rank] = 1.0 + level * _smoothstep((steps - onset) / ramp)
         return ScenarioDraw(speed, self.noise_sigma,
                             info={"rank": rank, "onset": onset, "ramp": ramp, "level": level})
+
+
+@dataclass(frozen=True)
+class Thermal(Throttle):
+    """``thermal``: throttling with a physical leading signal. Same draws as ``throttle``
+    (rank, onset, ramp, level), but the slowdown comes from an RC thermal model
+    (:mod:`bubblecast.sim.thermal`): at the onset the rank's cooling degrades over ``ramp``
+    steps (thermal resistance up to the value whose equilibrium clock is ``1 / (1 + level)``
+    of the maximum), its temperature climbs with time constant ``tau_steps``, and past
+    ``t_throttle`` its clock steps down; the speed factor follows the clock. Every rank's
+    temperature, SM clock and power are device metrics."""
+
+    name: ClassVar[str] = "thermal"
+    ramp_min: int = 1
+    ramp_max: int = 50
+    tau_steps: float = 60.0
+    t_throttle: float = 85.0
+
+    def draw(self, shape: RunShape) -> ScenarioDraw:
+        from bubblecast.sim.thermal import ThermalModel, fault_resistance, thermal_trace
+
+        base = super().draw(shape)
+        info = base.info
+        model = ThermalModel(tau_steps=self.tau_steps, t_throttle=self.t_throttle)
+        r_fault = model.r_for_slowdown(info["level"])
+        healthy = thermal_trace(model, shape.steps, np.full(shape.steps, model.r_nominal))
+        faulty = thermal_trace(model, shape.steps, fault_resistance(
+            model, shape.steps, info["onset"], info["ramp"], r_fault))
+        metrics = {}
+        for name in ("temperature_c", "sm_clock_mhz", "power_w"):
+            values = np.repeat(healthy[name][:, None], shape.ranks, axis=1)
+            values[:, info["rank"]] = faulty[name]
+            metrics[name] = values
+        speed = np.ones((shape.steps, shape.ranks))
+        speed[:, info["rank"]] = faulty["speed"]
+        throttled = np.flatnonzero(faulty["speed"] > 1.0)
+        info = {**info, "r_fault": r_fault,
+                "first_throttled": int(throttled[0]) if len(throttled) else None}
+        return ScenarioDraw(speed, self.noise_sigma, info=info, metrics=metrics)
 
 
 @dataclass(frozen=True)
@@ -230,9 +274,11 @@ class SeqLen(Scenario):
         raw = rng.lognormal(np.log(self.mean_tokens) - self.sigma ** 2 / 2, self.sigma, size)
         tokens = np.clip(np.rint(raw), self.min_tokens, self.max_tokens).astype(np.int64)
         work = work_factor(tokens, self.mean_tokens, self.quadratic_share)
+        per_rank = np.repeat(tokens.mean(axis=2), shape.stages, axis=1)  # rank = r * S + s
         return ScenarioDraw(np.ones((shape.steps, shape.ranks)), self.noise_sigma, tokens, work,
                             info={"mean_tokens": self.mean_tokens,
-                                  "quadratic_share": self.quadratic_share})
+                                  "quadratic_share": self.quadratic_share},
+                            metrics={"tokens": per_rank})
 
 
 @dataclass(frozen=True)
@@ -285,6 +331,7 @@ class Mixed(Scenario):
             variance += d.noise_sigma ** 2
             if d.tokens is not None:
                 out.tokens, out.work = d.tokens, d.work
+            out.metrics.update(d.metrics)
             out.last_stage_extra += d.last_stage_extra
             out.info["components"].append({**sc.params(), **d.info})
             out.info.update({k: v for k, v in d.info.items()
@@ -303,7 +350,8 @@ def _pick_rank(rng: np.random.Generator, rank: int | None, shape: RunShape) -> i
 
 _COMPONENTS: tuple[type[Scenario], ...] = (Jitter, Throttle, FailSlow, Periodic, SeqLen, Imbalance)
 SCENARIOS: dict[str, type[Scenario]] = {
-    c.name: c for c in (NoScenario, Jitter, Throttle, FailSlow, Periodic, SeqLen, Imbalance, Mixed)
+    c.name: c for c in (NoScenario, Jitter, Throttle, Thermal, FailSlow, Periodic, SeqLen,
+                        Imbalance, Mixed)
 }
 
 
