@@ -73,8 +73,13 @@ class PolicyState:
     memory_cap: np.ndarray | float | None = None
 
     def vspeed(self, rank_speed: np.ndarray) -> np.ndarray:
-        """Per-virtual-stage speeds from per-rank ones (virtual stage ``c * P + r``)."""
-        return np.tile(np.asarray(rank_speed, dtype=np.float64), self.pipeline.chunks)
+        """Per-virtual-stage speeds from per-rank ones (each virtual stage at its rank's:
+        ``c * P + r`` looped, ``r`` and ``2P - 1 - r`` V-shape)."""
+        from bubblecast.sim.schedules import vstage_ranks
+
+        pipe = self.pipeline
+        return np.asarray(rank_speed, dtype=np.float64)[
+            vstage_ranks(pipe.schedule, pipe.stages, pipe.chunks)]
 
     @property
     def move_bytes(self) -> np.ndarray | None:
