@@ -40,6 +40,7 @@ from bubblecast.runtime.inject import Injection, parse_inject
 from bubblecast.runtime.recorder import Recorder
 from bubblecast.telemetry.schema import RunMeta
 
+_MISSING = object()
 #: ``chunk -> {global layer index: module}`` of the layers each local stage runs.
 ChunkLayers = dict[int, dict[int, Any]]
 
@@ -49,6 +50,7 @@ class RecordOptions:
     """What :func:`record` does besides the schedule; validated when made."""
 
     flush_every: int = 50
+    min_part_s: float = 5.0
     layer_cost_every: int = 0
     timing: str = "auto"
     replica: int = 0
@@ -58,6 +60,8 @@ class RecordOptions:
     def __post_init__(self) -> None:
         if self.flush_every < 1:
             raise BubblecastError(f"record: flush_every must be >= 1, got {self.flush_every}")
+        if not self.min_part_s >= 0:
+            raise BubblecastError(f"record: min_part_s must be >= 0, got {self.min_part_s}")
         if self.layer_cost_every < 0:
             raise BubblecastError(f"record: layer_cost_every must be >= 0, got "
                                   f"{self.layer_cost_every}")
@@ -110,6 +114,9 @@ class Recording:
         self.run_id, self.events_dir, self.origin_wall = recorder.run_id, events_dir, origin_wall
         self._open = self._closed = False
         self._hooks: list[Any] = []
+        self._schedule: Any = None
+        self._optimizer: Any = None
+        self._schedule_step: Any = None  # what the schedule's own ``step`` attribute was
         self._opt_start: Any = None
 
     @property
@@ -124,9 +131,13 @@ class Recording:
 
     def attach(self, schedule: Any, *, layers: ChunkLayers | None = None,
                optimizer: Any = None) -> None:
-        """Record ``schedule`` from its next step on (a new schedule after a plan change)."""
+        """Record ``schedule`` from its next step on (a new schedule after a plan change, or
+        the same one after :meth:`detach`); what was attached before is detached first.
+        ``optimizer``: default the one attached before."""
+        self.detach()
         stages = stages_of(schedule)
         self.recorder.attach(stages, layers if layers is not None else local_layers(stages))
+        self._schedule, self._schedule_step = schedule, vars(schedule).get("step", _MISSING)
         run = schedule.step
 
         def step(*args: Any, **kwargs: Any) -> Any:
@@ -139,11 +150,24 @@ class Recording:
                 self.recorder.capture = False  # ops outside schedule.step are not recorded
 
         schedule.step = step
+        optimizer = self._optimizer = optimizer if optimizer is not None else self._optimizer
         if optimizer is not None:
-            for handle in self._hooks:
-                handle.remove()
             self._hooks = [optimizer.register_step_pre_hook(self._optimizer_pre),
                            optimizer.register_step_post_hook(self._optimizer_post)]
+
+    def detach(self) -> None:
+        """Stop wrapping: the schedule, its stages and the optimizer get their own methods
+        back (a step still open stays open; :meth:`attach` resumes)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self.recorder.detach()
+        if self._schedule is not None:
+            if self._schedule_step is _MISSING:
+                self._schedule.__dict__.pop("step", None)
+            else:
+                self._schedule.step = self._schedule_step
+            self._schedule = self._schedule_step = None
 
     def _begin(self) -> None:
         if self._open:
@@ -172,14 +196,12 @@ class Recording:
         return self.recorder.frame()
 
     def close(self) -> None:
-        """End the step, write what is left and stop recording (local, not collective)."""
+        """End the step, write what is left, give every method back (local, not collective)."""
         if self._closed:
             return
         self.end_step()
         self._closed = True
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        self.detach()
         self.recorder.close()
 
     def __enter__(self) -> Recording:
@@ -253,8 +275,9 @@ def _timer(stages: list[Any], timing: str) -> Any:
 
 def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | None = None,
            *, optimizer: Any = None, tokens: int | None = None, flush_every: int = 50,
-           layer_cost_every: int = 0, inject: str | list[Injection] | None = None,
-           timing: str = "auto", replica: int = 0, replicas: int = 1, first_step: int = 0,
+           min_part_s: float = 5.0, layer_cost_every: int = 0,
+           inject: str | list[Injection] | None = None, timing: str = "auto",
+           replica: int = 0, replicas: int = 1, first_step: int = 0,
            meta: Callable[[], RunMeta] | None = None, layers: ChunkLayers | None = None,
            enabled: bool = True, parts_dir: str | Path | None = None,
            origin_wall: float | None = None) -> Recording:
@@ -262,7 +285,9 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
 
     ``out``: directory for the events parts (None: keep them in memory, :meth:`Recording.frame`);
     ``run_id``: the run's name (default: rank 0's start time); ``optimizer``: timed as the
-    ``OPTIMIZER`` op; ``tokens``: tokens per micro-batch (the ``tokens`` column); ``inject``:
+    ``OPTIMIZER`` op; ``tokens``: tokens per micro-batch (the ``tokens`` column);
+    ``flush_every``/``min_part_s``: a part every that many steps, at most one per that many
+    seconds (a part costs ~10 ms of CPU in the writer thread); ``inject``:
     emulated slowdowns (``--inject`` grammar); ``timing``: ``auto`` (device on CUDA), ``host``
     or ``device``; ``replica``/``replicas``: this pipeline's data-parallel index and count.
     ``meta``, ``layers``, ``first_step``, ``enabled``, ``parts_dir`` (write the parts exactly
@@ -270,7 +295,8 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
     origin, default its current time) serve callers that know their plan (the built-in
     trainer). Use as a context manager, or call :meth:`Recording.close`.
     """
-    opts = RecordOptions(flush_every, layer_cost_every, timing, replica, replicas, tokens)
+    opts = RecordOptions(flush_every, min_part_s, layer_cost_every, timing, replica, replicas,
+                         tokens)
     stages = stages_of(schedule)
     root = None if out is None else Path(out)
     if root is not None and root.exists() and not root.is_dir():
@@ -294,7 +320,8 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
     recorder = Recorder(
         run_id=rid, rank=dist.get_rank(), stage=stages[0].group_rank, origin_wall=origin,
         meta_fn=meta, events_dir=None if parts(rid) is None else str(parts(rid)),
-        flush_every=opts.flush_every, layer_cost_every=opts.layer_cost_every, record=enabled,
+        flush_every=opts.flush_every, min_part_s=opts.min_part_s,
+        layer_cost_every=opts.layer_cost_every, record=enabled,
         injections=injections, replica=opts.replica, device=str(stages[0].device),
         timer=timer)
     recording = Recording(recorder, first_step=first_step, tokens=opts.tokens,

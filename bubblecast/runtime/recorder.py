@@ -7,7 +7,9 @@ break the zero-bubble schedules). On the host clock (``timing="host"``) each op 
 CUDA) each op records two events on the stage's current stream instead, and the rows keep the
 events until they are resolved in one batch at a flush (or at a step end that needs the
 durations: step hooks, per-layer cost sampling): no synchronize per op. A background thread
-turns the buffer into a validated events part every ``flush_every`` steps. Timestamps are
+turns the buffer into a validated events part every ``flush_every`` steps (and no sooner than
+``min_part_s`` seconds after the previous part: a part costs ~10 ms of CPU whatever its
+size, so fast steps get fewer, larger parts). Timestamps are
 ``perf_counter`` values (device times mapped onto it) made relative to a run origin broadcast
 by rank 0, so all ranks share the origin (exactly on one host, to clock-sync accuracy across
 hosts).
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
 
 _OPS = ("F", "B", "W", "OPTIMIZER")
+_MISSING = object()  # a stage method that was the class's, not the instance's
 _F, _B, _W, _OPT = range(4)
 
 
@@ -96,7 +99,8 @@ class Recorder:
                  meta_fn: Callable[[], RunMeta], events_dir: str | None = None,
                  flush_every: int = 50, layer_cost_every: int = 0, record: bool = True,
                  injections: list[Injection] | None = None, replica: int = 0,
-                 device: str = "cpu", timer: EventTimer | None = None) -> None:
+                 device: str = "cpu", timer: EventTimer | None = None,
+                 min_part_s: float = 0.0) -> None:
         import socket
 
         self.run_id, self.rank, self.stage, self.replica = run_id, rank, stage, replica
@@ -104,6 +108,7 @@ class Recorder:
         self.record = record
         self.events_dir = Path(events_dir) if events_dir else None
         self.flush_every, self.layer_cost_every = flush_every, layer_cost_every
+        self.min_part_s, self._last_part = min_part_s, time.perf_counter()
         self.injections = [i for i in (injections or []) if i.rank == rank]
         self._meta_fn = meta_fn
         self.timer = timer
@@ -129,6 +134,7 @@ class Recorder:
         self._step_hooks: list[StepHook] = []
         self._fwd_times: dict[int, float] = {}
         self._fwd_marks: dict[int, tuple[Any, Any]] = {}
+        self._saved: list[tuple[Any, dict[str, Any]]] = []  # what _wrap replaced
         self._sampling_chunk: int | None = None
         self._writer: PartWriter | None = None
         if self.record and self.events_dir is not None:
@@ -148,6 +154,16 @@ class Recorder:
             return
         for chunk, stage in enumerate(stages):
             self._wrap(stage, chunk)
+
+    def detach(self) -> None:
+        """Give the wrapped stages their own methods back (attach wraps them again)."""
+        for stage, saved in self._saved:
+            for name, fn in saved.items():
+                if fn is _MISSING:
+                    stage.__dict__.pop(name, None)
+                else:
+                    setattr(stage, name, fn)
+        self._saved.clear()
 
     def _wrap(self, stage: Any, chunk: int) -> None:
         perf, done = time.perf_counter, self._op_done
@@ -179,6 +195,8 @@ class Recorder:
             done(_W, chunk, mb, t0)
             return out
 
+        names = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+        self._saved.append((stage, {n: vars(stage).get(n, _MISSING) for n in names}))
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
@@ -267,7 +285,8 @@ class Recorder:
             for fn in self._step_hooks:
                 fn(view)
         self._since_flush += 1
-        if self._since_flush >= self.flush_every:
+        if self._since_flush >= self.flush_every and (
+                not self.min_part_s or time.perf_counter() - self._last_part >= self.min_part_s):
             self.flush()
 
     def discard(self) -> None:
@@ -353,6 +372,7 @@ class Recorder:
         """Hand the buffered rows to the writer (or keep them, without an events_dir)."""
         self._resolve()
         rows, self._rows, self._since_flush, self._resolved = self._rows, [], 0, 0
+        self._last_part = time.perf_counter()
         if not rows:
             return
         if self._writer is None:

@@ -138,7 +138,7 @@ class Trainer:
         # the public record API, told the plan: parts in events_dir, the trainer's metadata
         self.recording = record_schedule(
             self.schedule, out=None, parts_dir=config.events_dir, run_id=config.run_id,
-            optimizer=self.optimizer, flush_every=config.flush_every,
+            optimizer=self.optimizer, flush_every=config.flush_every, min_part_s=0.0,
             layer_cost_every=config.layer_cost_every, inject=config.injections,
             first_step=self.step, meta=self.run_meta, layers=self._chunk_layers(),
             enabled=record, origin_wall=origin_wall)

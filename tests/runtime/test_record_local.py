@@ -85,9 +85,30 @@ def test_each_schedule_step_is_one_step_with_its_optimizer() -> None:
     assert 9 not in set(frame["microbatch"])
     assert frame.loc[frame["op"] == "F", "tokens"].isna().all()  # tokens unknown: null
     assert (frame.loc[frame["op"] == "F", "layers"] == 2).all()  # the submodule's children
-    schedule.step("x")  # after close: runs, records nothing
+    # after close the schedule, its stage and the optimizer are as they were
+    assert "step" not in vars(schedule) and not vars(schedule._stage).keys() & {
+        "forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"}
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    schedule.step("x")
     opt.step()
     assert len(recording.frame()) == len(frame)
+
+
+def test_detach_pauses_and_attach_resumes_on_the_same_schedule() -> None:
+    recording, schedule, opt = _recording()
+    schedule.step()
+    opt.step()
+    recording.end_step()
+    recording.detach()
+    schedule.step()  # not recorded, not counted
+    opt.step()
+    recording.attach(schedule)  # the optimizer attached before is timed again
+    schedule.step()
+    opt.step()
+    recording.close()
+    frame = recording.frame()
+    assert sorted(set(frame["step"])) == [5, 6]
+    assert (frame["op"] == "OPTIMIZER").sum() == 2 and (frame["op"] == "F").sum() == 4
 
 
 def test_end_step_closes_the_step_at_once_and_hooks_see_it() -> None:

@@ -229,3 +229,22 @@ def test_ops_outside_a_step_are_not_recorded() -> None:
     stage.forward_one_chunk(1)  # between steps (an evaluation pass)
     frame = rec.frame()
     assert list(frame["op"]) == ["F"] and list(frame["microbatch"]) == [0]
+
+
+def test_parts_come_every_flush_every_steps_but_not_sooner_than_min_part_s(tmp_path) -> None:
+    counts = {}
+    for min_part_s in (0.0, 3600.0):
+        out = tmp_path / str(min_part_s)
+        stage = Stage()
+        rec = Recorder(run_id="r", rank=0, stage=0, origin_wall=0.0, flush_every=2,
+                       min_part_s=min_part_s, events_dir=str(out),
+                       meta_fn=lambda: RunMeta(schedule="1f1b", microbatches=2))
+        rec.attach([stage], {0: {}})
+        for step in range(6):
+            rec.begin_step(step, 1)
+            stage.forward_one_chunk(0)
+            stage.backward_one_chunk(0)
+            rec.end_step()
+        rec.close()
+        counts[min_part_s] = len(list(out.glob("rank0000-*.parquet")))
+    assert counts == {0.0: 3, 3600.0: 1}  # every 2 steps; or one part, written at close
