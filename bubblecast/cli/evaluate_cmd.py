@@ -8,6 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
+from bubblecast.cli.fleet_options import cluster_option
 
 
 @app.command()
@@ -23,6 +24,7 @@ def evaluate(
     plot: Path | None = typer.Option(None, "--plot",
                                      help="Write forecast-vs-actual PNGs into this directory."),
     seed: int = typer.Option(0, "--seed", help="Seed of the baselines' cross-fitting."),
+    cluster: str | None = cluster_option(),
 ) -> None:
     """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines."""
     from bubblecast.cli.dataset_cmd import progress_notes
@@ -30,7 +32,8 @@ def evaluate(
 
     with progress_notes(not json_out) as note:
         result = run_evaluation(features, model, seed=seed, track=not no_track,
-                                tracking_uri=tracking_uri, plot_dir=plot, progress=note)
+                                tracking_uri=tracking_uri, plot_dir=plot, progress=note,
+                                cluster=cluster)
     if json_out:
         emit_json(result.summary())
         return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 
@@ -18,3 +21,30 @@ def skip_bad_runs_option() -> typer.models.OptionInfo:
     return typer.Option(False, "--skip-bad-runs",
                         help="Skip unreadable runs (listed on stderr and in the JSON) instead "
                              "of failing.")
+
+
+def _analysis_task(source: str, format: str, run: str | None, method: str,
+                   kwargs: dict[str, Any], outputs: list[tuple[str, str, Any]]) -> dict:
+    """On a worker: ``BubbleAnalysis(source).<method>(**kwargs)`` and its file outputs
+    (``(method, path, steps)``: ``plot``, ``to_perfetto``), written where the worker runs."""
+    from bubblecast.sim.analysis import BubbleAnalysis
+
+    analysis = BubbleAnalysis(source, format, run_id=run)
+    result = getattr(analysis, method)(**kwargs)
+    for name, path, steps in outputs:
+        getattr(analysis, name)(path, steps=steps)
+    return result
+
+
+def analyse(cluster: str, file: Path, format: str, run: str | None, method: str,
+            kwargs: dict[str, Any] | None = None,
+            outputs: list[tuple[str, str, Any]] | None = None) -> dict:
+    """``inspect``/``whatif`` with ``--cluster``: the run's analysis as one task on a Dask
+    worker (of a fleet, only that run's directory is read there)."""
+    from bubblecast.telemetry.cluster import executor
+    from bubblecast.telemetry.fleet import fleet_runs
+
+    source = fleet_runs(file).get(run, file) if run is not None else file
+    with executor(cluster, progress=False) as ex:
+        return ex.map(_analysis_task, [str(source)], format, run, method, kwargs or {},
+                      outputs or [], label=method)[0]

@@ -8,6 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option, parse_int_list
+from bubblecast.cli.fleet_options import cluster_option
 
 
 @app.command()
@@ -24,17 +25,25 @@ def inspect(
         None, "--steps", help="Logged steps for --plot (default: the first) and --perfetto "
                               "(default: all), comma-separated."),
     run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
+    cluster: str | None = cluster_option(),
 ) -> None:
     """Bubble fraction, structural vs dynamic bubbles, bottleneck stage and slow ranks."""
     from bubblecast.sim.analysis import BubbleAnalysis
 
     chosen = parse_int_list(steps, "--steps")
-    analysis = BubbleAnalysis(file, format, run_id=run)
-    summary = analysis.summary()
-    if plot is not None:
-        analysis.plot(plot, steps=chosen)
-    if perfetto is not None:
-        analysis.to_perfetto(perfetto, steps=chosen)
+    if cluster is not None:  # the analysis as one task on a Dask worker
+        from bubblecast.cli.fleet_options import analyse
+
+        outputs = [(name, str(path), chosen) for name, path in
+                   (("plot", plot), ("to_perfetto", perfetto)) if path is not None]
+        summary = analyse(cluster, file, format, run, "summary", outputs=outputs)
+    else:
+        analysis = BubbleAnalysis(file, format, run_id=run)
+        summary = analysis.summary()
+        if plot is not None:
+            analysis.plot(plot, steps=chosen)
+        if perfetto is not None:
+            analysis.to_perfetto(perfetto, steps=chosen)
     if json_out:
         emit_json(summary)
     else:

@@ -8,6 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option
+from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option
 
 
 @app.command("policy-eval")
@@ -36,6 +37,8 @@ def policy_eval(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(
         None, "--plot", help="PNG of step time over steps per policy, actions marked."),
+    cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = skip_bad_runs_option(),
 ) -> None:
     """Replay runs step by step under each policy and compare step times (counterfactual)."""
     from bubblecast.errors import BubblecastError
@@ -50,6 +53,16 @@ def policy_eval(
     config = EvalConfig(migration=constants, param_bytes=param_bytes,
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
                         migration_from_runs=migration is None)
+    if cluster is not None or skip_bad_runs:
+        result, traces = _mapped(runs, names, config, format, model, run, cluster,
+                                 skip_bad_runs, json_out)
+        if plot is not None:
+            plot_traces(traces, plot)
+        if json_out:
+            emit_json(result)
+        else:
+            _print(result, names)
+        return
     parts = []
     seen: set[str] = set()
     for path in runs:
@@ -97,3 +110,44 @@ def _print(result: dict, names: list[str]) -> None:
         typer.echo(f"{name:12} {p['step_s']:10.5f} {p['bubble_fraction']:8.4f} "
                    f"{fmt(p['speedup_vs_static'], '8.4f')} {fmt(share, '8.1f')} "
                    f"{p['actions']:8d} {p['migration_s']:12.3f}")
+
+
+def _mapped(runs: list[Path], names: list[str], config: object, format: str,
+            model: str | None, run: list[str] | None, cluster: str | None, skip_bad: bool,
+            json_out: bool) -> tuple[dict, dict]:
+    """policy-eval unit by unit (a fleet run by run; on Dask with ``cluster``), reduced here:
+    the same report as the in-process path, plus ``skipped_runs`` with ``--skip-bad-runs``."""
+    from bubblecast.errors import BubblecastError
+    from bubblecast.policy.evaluate import POLICIES, combine, evaluate_unit
+    from bubblecast.telemetry.cluster import executor, note_skipped
+    from bubblecast.telemetry.fleet import units_of
+
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        raise BubblecastError(f"--policies: unknown policy '{bad[0]}' (known: "
+                              f"{', '.join(POLICIES)})" if bad else
+                              "--policies: name at least one policy")
+    with executor(cluster, progress=not json_out) as ex:
+        parts = ex.map(evaluate_unit, units_of(runs), format, names, config, model, run,
+                       skip_bad, label="policy-eval")
+    seen = [r for p in parts for r in p["run_ids"]]
+    if len(set(seen)) != len(seen):
+        raise BubblecastError("the inputs share run ids; give each run once")
+    missing = [r for r in run or [] if r not in seen]
+    if missing:
+        raise BubblecastError(f"--run: no run '{missing[0]}' (runs: "
+                              f"{', '.join(sorted(seen)[:10])})")
+    reports = [r for p in parts for r in p["reports"]]
+    if run:
+        reports.sort(key=lambda r: run.index(r["run_id"]))
+    traces = {k: v for p in parts for k, v in p["traces"].items()}
+    if not reports:
+        raise BubblecastError("no run could be evaluated")
+    timings = {p["timing"] for p in parts if "timing" in p}
+    result = {**combine(reports, names, config),
+              "timing": timings.pop() if len(timings) == 1 else "mixed"}
+    skipped = [s for p in parts for s in p["skipped"]]
+    note_skipped(skipped)
+    if skip_bad:
+        result["skipped_runs"] = skipped
+    return result, traces

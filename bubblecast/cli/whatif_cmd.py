@@ -8,6 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option
+from bubblecast.cli.fleet_options import cluster_option
 
 
 @app.command()
@@ -19,11 +20,18 @@ def whatif(
     launch_delays: bool = typer.Option(
         False, "--launch-delays",
         help="Keep each op's observed unexplained start delay (host launch gaps) in the replay."),
+    cluster: str | None = cluster_option(),
 ) -> None:
     """Replay error, and step time when ideal, bottleneck fixed, slow ranks fixed, balanced."""
     from bubblecast.sim.analysis import BubbleAnalysis
 
-    result = BubbleAnalysis(file, format, run_id=run).whatif(launch_delays=launch_delays)
+    if cluster is not None:  # the replay as one task on a Dask worker
+        from bubblecast.cli.fleet_options import analyse
+
+        result = analyse(cluster, file, format, run, "whatif",
+                         {"launch_delays": launch_delays})
+    else:
+        result = BubbleAnalysis(file, format, run_id=run).whatif(launch_delays=launch_delays)
     if json_out:
         emit_json(result)
     else:

@@ -15,6 +15,7 @@ rule would have kept. The result is an ordinary
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -226,4 +227,39 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
                                .head(5)}
 
 
-__all__ = ["VALIDATION_ROWS", "best_iteration", "fit_dask", "train_dask", "validation_curve"]
+@functools.lru_cache(maxsize=8)
+def _loaded(ref: str, tracking_uri: str | None) -> Any:
+    from bubblecast.forecast.modeldir import load_model
+
+    return load_model(ref, tracking_uri=tracking_uri)
+
+
+def _part_predictions(path: str, refs: dict[str, str], tracking_uri: str | None,
+                      horizons: dict[str, list[int]]) -> dict[str, dict[int, np.ndarray]]:
+    """On a worker: each model's forecasts for one features part (models loaded once per
+    worker process)."""
+    frame = _read_part(path)
+    for col in ("run_id", "scenario"):
+        if col in frame.columns:
+            frame[col] = frame[col].astype(str).astype("category")
+    return {name: _loaded(ref, tracking_uri).predict_signal(frame, horizons[name])
+            for name, ref in refs.items()}
+
+
+def predictions_on_cluster(features: Path, meta: Any, refs: dict[str, str],
+                           horizons: dict[str, list[int]], tracking_uri: str | None,
+                           cluster: str) -> dict[str, dict[int, np.ndarray]]:
+    """``evaluate --cluster``: every model's forecasts computed part by part on Dask, in the
+    row order of :func:`bubblecast.dataset.store.read_features` on the same dataset."""
+    from bubblecast.dataset.store import partition_files
+    from bubblecast.telemetry.cluster import executor
+
+    files = [str(f) for f in partition_files(features, meta)]
+    with executor(cluster) as ex:
+        parts = ex.map(_part_predictions, files, refs, tracking_uri, horizons, label="forecasts")
+    return {name: {h: np.concatenate([p[name][h] for p in parts]) for h in horizons[name]}
+            for name in refs}
+
+
+__all__ = ["VALIDATION_ROWS", "best_iteration", "fit_dask", "predictions_on_cluster",
+           "train_dask", "validation_curve"]

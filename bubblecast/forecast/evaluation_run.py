@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from bubblecast.dataset.store import read_features
+from bubblecast.errors import BubblecastError
 from bubblecast.forecast.baselines import BASELINES
 from bubblecast.forecast.evaluate import Evaluation, evaluate, unique_names
 from bubblecast.forecast.modeldir import load_model
@@ -19,8 +20,10 @@ from bubblecast.forecast.modeldir import load_model
 def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed: int = 0,
                    track: bool = True, tracking_uri: str | None = None,
                    plot_dir: str | os.PathLike[str] | None = None,
-                   progress: Callable[[str], None] | None = None) -> Evaluation:
-    """Evaluate the models at ``model_refs`` (directories or ``models:/`` URIs) on a file."""
+                   progress: Callable[[str], None] | None = None,
+                   cluster: str | None = None) -> Evaluation:
+    """Evaluate the models at ``model_refs`` (directories or ``models:/`` URIs) on a file;
+    with ``cluster`` the forecasts of a dataset partitioned by run are made on Dask."""
     note = progress or (lambda _msg: None)
     note(f"reading {features}")
     frame, meta = read_features(features)
@@ -31,9 +34,18 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
     names = unique_names([m.kind for m in loaded], taken=list(BASELINES))
     models = dict(zip(names, loaded, strict=True))
     note(f"forecasting {len(frame)} rows")
-    preds = {name: m.predict_signal(frame, [h for h in m.horizons_
-                                            if f"y_h{h}" in frame.columns])
-             for name, m in models.items()}
+    wanted = {name: [h for h in m.horizons_ if f"y_h{h}" in frame.columns]
+              for name, m in models.items()}
+    if cluster is not None:
+        from bubblecast.forecast.dask_train import predictions_on_cluster
+
+        if not Path(features).is_dir():
+            raise BubblecastError(f"{features}: --cluster needs a features dataset "
+                                  "partitioned by run (`bubblecast dataset ... --out DIR/`)")
+        preds = predictions_on_cluster(Path(features), meta, dict(zip(names, model_refs,
+                                       strict=True)), wanted, tracking_uri, cluster)
+    else:
+        preds = {name: m.predict_signal(frame, wanted[name]) for name, m in models.items()}
     note("scoring")
     result = evaluate(frame, models, seed=seed, predictions=preds)
     if meta.run_info:

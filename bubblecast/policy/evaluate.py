@@ -10,6 +10,7 @@ of the oracle's gain captured, actions taken and migration seconds paid.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,12 @@ def evaluate_events(events: Events, names: list[str], config: EvalConfig | None 
         report, tr = evaluate_run(run, names, config, model, events)
         reports.append(report)
         traces[run_id] = tr
+    return combine(reports, names, config), traces
+
+
+def combine(reports: list[dict[str, Any]], names: list[str], config: EvalConfig
+            ) -> dict[str, Any]:
+    """The ``policy-eval`` report from the per-run reports (runs evaluated anywhere)."""
     modes = sorted({r["mode"] for r in reports})
     notes = list(dict.fromkeys(r["note"] for r in reports))
     fc = next((r["forecaster"] for r in reports if r["forecaster"]), None)
@@ -272,7 +279,40 @@ def evaluate_events(events: Events, names: list[str], config: EvalConfig | None 
               "forecaster": fc, "migration": config.migration.to_json(),
               "policies": aggregate(reports, names),
               "runs": {r["run_id"]: r for r in reports}}
-    return result, traces
+    return result
+
+
+@functools.lru_cache(maxsize=4)
+def _model(source: str) -> Any:
+    from bubblecast.forecast.modeldir import load_model
+
+    return load_model(source)
+
+
+def evaluate_unit(unit: Any, format: str, names: list[str], config: EvalConfig,
+                  model: str | None, run_ids: list[str] | None = None, skip_bad: bool = False
+                  ) -> dict[str, Any]:
+    """One unit of a fleet ``policy-eval`` (a fleet run, or a file), on any worker: its runs'
+    reports and traces (``model``, a model directory or URI, is loaded once per process)."""
+    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+
+    try:
+        events = load_events(unit.path, format)
+    except BubblecastError as exc:
+        if not skip_bad:
+            where = f"run '{unit.run_id}': " if unit.run_id is not None else ""
+            raise BubblecastError(f"{where}{exc}") from None
+        return {"skipped": [{"run_id": unit.run_id, "path": str(unit.path), "error": str(exc)}],
+                "reports": [], "traces": {}, "run_ids": []}
+    require_per_op(events, "policy-eval", unit.source or unit.path)
+    out = {"skipped": [], "run_ids": events.run_ids, "timing": timing_of(events),
+           "reports": [], "traces": {}}
+    wanted = [r for r in events.run_ids if run_ids is None or r in run_ids]
+    if wanted:
+        fc = _model(model) if model is not None and "predictive" in names else None
+        result, out["traces"] = evaluate_events(events, names, config, fc, run_ids=wanted)
+        out["reports"] = list(result["runs"].values())
+    return out
 
 
 def plot_traces(traces: dict[str, dict[str, PolicyTrace]], path: str | Path,

@@ -166,3 +166,28 @@ def test_validation_curve_is_lightgbms_quantile_metric() -> None:
                         callbacks=[lgb.record_evaluation(recorded)])
     expected = np.array(recorded["valid_0"]["quantile"])
     np.testing.assert_allclose(validation_curve(booster, xv, yv, 0.9), expected, rtol=1e-6)
+
+
+def test_policy_inspect_whatif_on_dask_equal_in_process(
+        fleet: Path, cluster: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["policy-eval", str(fleet), "--policies", "static,reactive"],
+                 ["inspect", str(fleet), "--run", "sim-4"],
+                 ["whatif", str(fleet), "--run", "sim-1"]):
+        assert main([*args, "--json"]) == 0
+        local = _json(capsys)
+        assert main([*args, "--json", "--cluster", cluster]) == 0
+        assert _json(capsys) == local, args[0]
+
+
+def test_evaluate_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    feat = f"{tmp_path / 'feat'}/"
+    assert main(["dataset", str(fleet), *DATA, "--out", feat]) == 0
+    assert main(["train", feat, "--model", "ewma", "--no-track", "--out",
+                 str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    args = ["evaluate", feat, "--model", str(tmp_path / "m"), "--no-track", "--json"]
+    assert main(args) == 0
+    local = _json(capsys)
+    assert main([*args, "--cluster", cluster]) == 0
+    assert _json(capsys) == local
