@@ -48,6 +48,10 @@ def dataset(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     cluster: str | None = cluster_option(),
     skip_bad_runs: bool = skip_bad_runs_option(),
+    covariates: str = typer.Option("none", "--covariates",
+                                   help="none, or auto: covariate features from the device "
+                                        "metrics (*.metrics beside the events) and run "
+                                        "calendar present."),
 ) -> None:
     """Build features and per-horizon targets (one row per run, replica, stage and step)."""
     from bubblecast.dataset import DatasetConfig
@@ -58,13 +62,16 @@ def dataset(
     ws = parse_int_list(windows, "--windows")
     try:
         config = DatasetConfig(horizons=tuple(hz or ()), windows=tuple(ws or ()), lags=lags,
-                               max_period=min(30, max(2, max(ws or [2]) // 2)))
+                               max_period=min(30, max(2, max(ws or [2]) // 2)),
+                               covariates=covariates)
     except ValueError as exc:
         raise BubblecastError(str(exc)) from None
     if cluster is not None or is_directory_target(out):
         summary = _partitioned(runs, out, config, format, cluster, skip_bad_runs, json_out)
     else:
         summary = _in_process(runs, out, config, format, skip_bad_runs, json_out)
+    if config.covariates != "none":
+        summary["covariates"] = config.covariates
     if json_out:
         emit_json(summary)
     else:
@@ -109,8 +116,15 @@ def _in_process(runs: list[Path], out: str, config: object, format: str, skip_ba
         dupes = len(events.run_ids) != sum(len(p.run_ids) for p in parts)
         if dupes:
             raise BubblecastError("the inputs share run ids; each run must come from one file")
+        metrics = None
+        if config.covariates != "none":
+            import pandas as pd
+
+            from bubblecast.telemetry.metrics import read_metrics
+
+            metrics = pd.concat([read_metrics(p) for p in runs], ignore_index=True)
         frame, meta = build_dataset(events, config, progress=note,
-                                    sources=[str(p) for p in runs])
+                                    sources=[str(p) for p in runs], metrics=metrics)
         note(f"writing {out}")
         write_features(frame, meta, out)
     summary = {"out": str(out), "rows": len(frame), "runs": len(meta.runs),

@@ -34,8 +34,12 @@ def run_info(events: Events) -> dict[str, dict[str, Any]]:
 
 def build_dataset(events: Events, config: DatasetConfig | None = None,
                   progress: Callable[[str], None] | None = None,
-                  sources: list[str] | None = None) -> tuple[pd.DataFrame, FeaturesMeta]:
+                  sources: list[str] | None = None,
+                  metrics: pd.DataFrame | None = None) -> tuple[pd.DataFrame, FeaturesMeta]:
     """The features frame of ``events`` and its metadata (config, fingerprint, runs).
+
+    ``metrics``: the runs' ``device_metrics`` rows, read when ``config.covariates`` is
+    ``auto`` (covariate features, :mod:`bubblecast.dataset.covariates`).
 
     Runs are independent, so this can run per run (or per partition of runs) and the frames
     concatenated; the result is the same.
@@ -45,6 +49,11 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
     note("step series")
     series = step_series(events)
     frame = build_features(series, config, progress=note)
+    if config.covariates != "none":
+        from bubblecast.dataset.covariates import add_covariates
+
+        note("covariates")
+        frame = add_covariates(frame, events, metrics, config)
     meta = FeaturesMeta(config=config, fingerprint=fingerprint(frame, config),
                         runs=[str(r) for r in frame["run_id"].cat.categories],
                         sources=list(sources or []), run_info=run_info(events))
@@ -72,7 +81,12 @@ def build_unit(unit: Any, format: str, config: DatasetConfig, tmp: str,
         if not skip_bad:
             raise BubblecastError(f"{where}{exc}") from None
         return {"skipped": [{"run_id": unit.run_id, "path": str(unit.path), "error": str(exc)}]}
-    frame, meta = build_dataset(events, config)
+    metrics = None
+    if config.covariates != "none":
+        from bubblecast.telemetry.metrics import read_metrics
+
+        metrics = read_metrics(unit.path)
+    frame, meta = build_dataset(events, config, metrics=metrics)
     hashes = row_hashes(frame)
     for run_id, part in frame.groupby("run_id", sort=False, observed=True):
         part = part.reset_index(drop=True)

@@ -39,6 +39,7 @@ class DatasetConfig:
     spike_ratio: float = 1.25
     max_period: int = 30
     extra: dict[str, Any] = field(default_factory=dict)
+    covariates: str = "none"
 
     def __post_init__(self) -> None:
         self.horizons = _positive_ints("horizons", self.horizons)
@@ -62,6 +63,9 @@ class DatasetConfig:
             raise ValueError(f"dataset config: 'max_period' must be in 2..{self.windows[-1] // 2}"
                              f" (half the longest window), got {self.max_period}")
         self.max_period = int(self.max_period)
+        if self.covariates not in ("none", "auto"):
+            raise ValueError(f"dataset config: 'covariates' must be none or auto, got "
+                             f"{self.covariates!r}")
 
     @property
     def history(self) -> int:
@@ -77,6 +81,8 @@ class DatasetConfig:
         out = asdict(self)
         for key in ("horizons", "windows", "ewm_alphas", "quantiles"):
             out[key] = list(out[key])
+        if out["covariates"] == "none":
+            del out["covariates"]  # files (and fingerprints) without covariates as before
         return out
 
     @classmethod

@@ -1,0 +1,152 @@
+"""Covariate features from the ``device_metrics`` side table and the run calendar.
+
+Leakage-free like mlforecast's exogenous features: a row at origin step ``t`` (for the target
+at ``t + h``) reads
+
+- **observed** metrics (temperature, clocks, power, load...) at steps ``<= t`` only: the
+  last sample at or before ``t`` (``f_cov_{m}``; metrics are sampled every K steps), its change
+  over the two shortest windows (``f_cov_{m}_d{w}``) and its gap to the median of the run's
+  ranks at ``t`` (``f_cov_{m}_peer``: a rank hotter than its peers);
+- **known-future** metrics (:func:`bubblecast.telemetry.metrics.is_known_future`: tokens the
+  data loader announced) at steps ``<= t + h``: ``x{h}_cov_{m}_ratio``, the value at ``t + h``
+  over the value at ``t``;
+- the **calendar** in run metadata (``calendar: {"checkpoint_every": N, "eval_every": M}``,
+  optional ``{kind}_first``, default ``N - 1``: step ``s`` is scheduled when ``s >= first`` and
+  ``(s - first) % N == 0``): ``x{h}_cal_{kind}_due`` (step ``t + h`` is scheduled) and
+  ``x{h}_cal_{kind}_within`` (some step in ``(t, t + h]`` is).
+
+A metric's rows belong to a series through the events' (run, replica, stage) -> rank map.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bubblecast.dataset.config import DatasetConfig
+
+#: Values of ``--covariates``.
+MODES: tuple[str, ...] = ("none", "auto")
+_PREFIXES = ("f_cov_", "f_cal_")
+
+
+def is_covariate(name: str) -> bool:
+    """Whether a features-frame column is a covariate feature (this module's)."""
+    return name.startswith(_PREFIXES) or bool(re.match(r"x\d+_(cov|cal)_", name))
+
+
+def covariate_columns(columns: list[str] | pd.Index) -> list[str]:
+    return [c for c in columns if is_covariate(str(c))]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "metric"
+
+
+def rank_map(events_frame: pd.DataFrame) -> pd.DataFrame:
+    """(run_id, replica, stage) -> rank, from the events rows."""
+    cols = ["run_id", "replica", "stage", "rank"]
+    out = events_frame[cols].drop_duplicates(["run_id", "replica", "stage"])
+    return out.assign(run_id=out["run_id"].astype(str)).reset_index(drop=True)
+
+
+def _asof(keys: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Per key row (run_id, rank, at): the value of the last ``table`` row with step <= at."""
+    out = np.full(len(keys), np.nan)
+    if table.empty:
+        return out
+    left = keys.assign(_i=np.arange(len(keys))).sort_values("at", kind="stable")
+    right = table.sort_values("step", kind="stable")
+    merged = pd.merge_asof(left, right, left_on="at", right_on="step", by=["run_id", "rank"],
+                           direction="backward")
+    out[merged["_i"].to_numpy()] = merged["value"].to_numpy(dtype=np.float64)
+    return out
+
+
+def _calendar(meta: Any) -> dict[str, tuple[int, int]]:
+    """``{kind: (every, first)}`` from a run's ``calendar`` metadata (bad entries skipped)."""
+    raw = getattr(meta, "extra", {}).get("calendar") if meta is not None else None
+    out: dict[str, tuple[int, int]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, every in raw.items():
+        if not key.endswith("_every") or not isinstance(every, int) or every < 1:
+            continue
+        kind = _slug(key[:-6])
+        first = raw.get(f"{key[:-6]}_first", every - 1)
+        out[kind] = (every, int(first) if isinstance(first, int) else every - 1)
+    return out
+
+
+def _scheduled_upto(step: np.ndarray, every: int, first: int) -> np.ndarray:
+    """Scheduled steps in ``[0, step]``."""
+    return np.where(step >= first, (step - first) // every + 1, 0)
+
+
+def covariate_features(frame: pd.DataFrame, metrics: pd.DataFrame | None, ranks: pd.DataFrame,
+                       runs: dict[str, Any], config: DatasetConfig) -> dict[str, np.ndarray]:
+    """Covariate columns for the rows of ``frame`` (keys run_id, replica, stage, step)."""
+    from bubblecast.telemetry.metrics import is_known_future
+
+    keys = frame[["run_id", "replica", "stage", "step"]].assign(
+        run_id=frame["run_id"].astype(str)).merge(ranks, how="left",
+                                                  on=["run_id", "replica", "stage"])
+    base = keys[["run_id", "rank"]].assign(rank=keys["rank"].fillna(-1).astype(np.int64))
+    step = keys["step"].to_numpy(dtype=np.int64)
+    out: dict[str, np.ndarray] = {}
+    if metrics is not None and not metrics.empty:
+        table = metrics.assign(run_id=metrics["run_id"].astype(str),
+                               rank=metrics["rank"].astype(np.int64))
+        table = table.groupby(["run_id", "rank", "metric", "step"], as_index=False)["value"] \
+            .mean()
+        for metric, part in table.groupby("metric", sort=True):
+            name, part = _slug(str(metric)), part[["run_id", "rank", "step", "value"]]
+            now = _asof(base.assign(at=step), part)
+            if is_known_future(str(metric)):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    for h in config.horizons:
+                        out[f"x{h}_cov_{name}_ratio"] = _asof(base.assign(at=step + h),
+                                                              part) / now
+                continue
+            out[f"f_cov_{name}"] = now
+            for w in config.windows[:2]:
+                out[f"f_cov_{name}_d{w}"] = now - _asof(base.assign(at=step - w), part)
+            peer = pd.Series(now).groupby([keys["run_id"].to_numpy(), step]).transform("median")
+            out[f"f_cov_{name}_peer"] = now - peer.to_numpy()
+    kinds = sorted({k for meta in runs.values() for k in _calendar(meta)})
+    run_of = keys["run_id"].to_numpy()
+    for kind in kinds:
+        every = np.zeros(len(keys), dtype=np.int64)
+        first = np.zeros(len(keys), dtype=np.int64)
+        for run_id, meta in runs.items():
+            cal = _calendar(meta).get(kind)
+            if cal is not None:
+                mask = run_of == run_id
+                every[mask], first[mask] = cal
+        has = every > 0
+        safe = np.where(has, every, 1)
+        for h in config.horizons:
+            target = step + h
+            due = has & (target >= first) & ((target - first) % safe == 0)
+            within = _scheduled_upto(target, safe, first) - _scheduled_upto(step, safe, first)
+            out[f"x{h}_cal_{kind}_due"] = np.where(has, due, np.nan)
+            out[f"x{h}_cal_{kind}_within"] = np.where(has, within > 0, np.nan)
+    return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def add_covariates(frame: pd.DataFrame, events: Any, metrics: pd.DataFrame | None,
+                   config: DatasetConfig) -> pd.DataFrame:
+    """``frame`` with its covariate columns appended (none when ``config.covariates`` is
+    ``none`` or nothing is present)."""
+    if config.covariates == "none" or frame.empty:
+        return frame
+    cols = covariate_features(frame, metrics, rank_map(events.frame), events.runs, config)
+    if not cols:
+        return frame
+    attrs = frame.attrs
+    out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
+    out.attrs = attrs
+    return out
