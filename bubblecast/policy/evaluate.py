@@ -92,6 +92,7 @@ class PolicyTrace:
     idle_s: np.ndarray
     cells_s: np.ndarray
     decisions: list[tuple[int, Decision]]  # (step index it applies from, the decision)
+    guard: dict[str, Any] | None = None  # the predictive policy's forecast-guard counts
 
     @property
     def actions(self) -> list[tuple[int, dict[str, Any]]]:
@@ -100,9 +101,12 @@ class PolicyTrace:
 
     def summary(self) -> dict[str, Any]:
         cells = float(self.cells_s.sum())
-        return {"step_s": float(self.step_s.mean()),
-                "bubble_fraction": float(self.idle_s.sum() / cells) if cells > 0 else 0.0,
-                "actions": len(self.actions), "migration_s": float(self.pause_s.sum())}
+        out = {"step_s": float(self.step_s.mean()),
+               "bubble_fraction": float(self.idle_s.sum() / cells) if cells > 0 else 0.0,
+               "actions": len(self.actions), "migration_s": float(self.pause_s.sum())}
+        if self.guard is not None:
+            out["guard"] = self.guard
+        return out
 
 
 def migration_model(run: RunData, config: EvalConfig) -> tuple[MigrationCost, str]:
@@ -161,8 +165,9 @@ def run_policy(run: RunData, policy: Policy, migration: MigrationCost,
             decisions.append((t + 1, decision))
         # SetMicrobatches / SetSchedule are not modelled offline (no policy here emits them).
     out = run.outcome(parts)
+    report = getattr(policy, "guard_report", None)
     return PolicyTrace(policy.name, parts, pause, out.step_s + pause, out.idle_s, out.cells_s,
-                       decisions)
+                       decisions, report() if callable(report) else None)
 
 
 def build_policy(name: str, run: RunData, config: EvalConfig, model: Any | None,

@@ -23,7 +23,7 @@ pause.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
+from bubblecast.policy.guard import ForecastGuard, GuardConfig, MoveBudget
 from bubblecast.policy.solver import (
     Partition,
     SolverTables,
@@ -135,7 +136,11 @@ class PredictivePolicy(Policy):
     1 = pessimistic); ``margin``: the saving must exceed ``(1 + margin)`` x migration cost;
     ``min_gain``: and at least this fraction of the predicted step time per step; ``hold``:
     steps after a move during which it does not move again; ``min_history``: steps observed
-    before the first decision.
+    before the first decision; ``guard``: the forecast guard and move budget
+    (:mod:`bubblecast.policy.guard`): while the forecaster's realised error is worse than the
+    naive forecast's, the decision is ``fallback``'s (reactive by default), and no more than
+    the budget's moves are made. ``clock``, when set before a decision, is the absolute step
+    index of the state's last history row (the controller's history drops old rows).
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -145,7 +150,10 @@ class PredictivePolicy(Policy):
     min_gain: float = 0.01
     hold: int = 5
     min_history: int = 8
+    guard: GuardConfig | dict[str, Any] | None = None
+    fallback: Policy = field(default_factory=ReactivePolicy)
     name: str = "predictive"
+    clock: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.horizon < 1 or not 0.0 <= self.risk <= 1.0 or self.margin < 0:
@@ -153,17 +161,94 @@ class PredictivePolicy(Policy):
         if self.min_gain < 0 or self.hold < 0 or self.min_history < 1:
             raise BubblecastError("PredictivePolicy: min_gain, hold >= 0 and min_history >= 1")
         self._hz, self._weight = horizon_grid(self.horizon)
+        self.guard = GuardConfig.coerce(self.guard)
+        self.guard_ = ForecastGuard(self.guard)
+        self.budget_ = MoveBudget(self.guard.max_moves, self.guard.per_steps)
+        self._streak: tuple[Partition | None, int] = (None, 0)
+
+    def reset(self, context: RunContext, state: PolicyState) -> None:
+        self.guard_.reset()
+        self.budget_.reset()
+        self._streak = (None, 0)
+        self.fallback.reset(context, state)
 
     def plan_speeds(self, state: PolicyState) -> np.ndarray:
         """``(H, P)`` risk-weighted speeds at the horizon grid points."""
         return planning_speed(self.forecaster.forecast(state, self._hz), self.risk)
 
+    def guard_report(self) -> dict[str, Any]:
+        """Counts for the run's report: decisions, those made by the fallback, moves the
+        budget blocked, and the last error ratio."""
+        last = self.guard_.last
+        return {**self.guard_.counts(), "budget_blocked": self.budget_.blocked,
+                "trusted": bool(self.guard_.trusted),
+                "last_error_ratio": None if last is None or last.ratio is None
+                else round(last.ratio, 4)}
+
     def decide(self, state: PolicyState) -> Decision:
         if state.t + 1 < self.min_history:
             return Decision.keep("collecting history")
+        now = int(state.t) if self.clock is None else int(self.clock)
+        g = self.guard_
+        check = g.check_index(self._hz)
+        g.backtest(state, self.forecaster, now, self._hz[check])  # before: .last stays ours
+        quantiles = self.forecaster.forecast(state, self._hz)
+        g.remember(now, quantiles[check, :, 1])
+        status = g.score(state.history, now, self._hz[check])
+        g.decisions += 1
         if state.last_action is not None and state.t - state.last_action < self.hold:
             return Decision.keep("holding after the last move (hysteresis)")
-        plan = self.plan_speeds(state)
+        if status.trusted:
+            decision = self._confirmed(
+                self._forecast_decision(state, planning_speed(quantiles, self.risk)))
+        else:
+            g.fallback_decisions += 1
+            decision = self._fallback_decision(state, status.describe())
+        if not decision.acts:
+            return decision
+        if not self.budget_.allows(now):
+            self.budget_.blocked += 1
+            return Decision.keep(f"move budget: {self.budget_.max_moves} moves in the last "
+                                 f"{self.budget_.per_steps} steps already ({decision.reason})")
+        self.budget_.spend(now)
+        return decision
+
+    def _confirmed(self, decision: Decision) -> Decision:
+        """``decision`` if its target also came out of the previous ``confirm - 1``
+        decisions, else a keep saying so."""
+        target = decision.action.partition if isinstance(decision.action, Repartition) \
+            else None
+        streak = self._streak[1] + 1 if target is not None and target == self._streak[0] else 1
+        self._streak = (target, streak)
+        need = self.guard.confirm  # type: ignore[union-attr]
+        # A policy's first decision (the service builds one per request) has nothing to
+        # confirm with: the guard's backtest and veto still apply.
+        if target is None or streak >= need or self.guard_.decisions <= 1:
+            return decision
+        return Decision.keep(f"waiting for confirmation ({streak} of {need} decisions): "
+                             f"{decision.reason}", predicted_step_s=decision.predicted_step_s,
+                             predicted_step_with_action_s=decision.predicted_step_s,
+                             migration_s=0.0)
+
+    def _fallback_decision(self, state: PolicyState, why: str) -> Decision:
+        """``fallback``'s decision; a move must still pay back its migration over the
+        horizon at the speeds observed lately (the naive forecast: they persist)."""
+        inner = self.fallback.decide(state)
+        action = inner.action
+        label = f"{why}: acting as {self.fallback.name}"
+        if not isinstance(action, Repartition):
+            return replace(inner, reason=f"{label} ({inner.reason})")
+        recent = state.history[-min(len(state.history), 10):].mean(axis=0)
+        plan = np.repeat(recent[None, :], len(self._hz), axis=0)
+        options = [tuple(state.partition), tuple(action.partition)]
+        step, _ = predicted_step(state.pipeline, options, state.costs, plan)
+        judged = self._judge(state, options, step, plan)
+        if not judged.acts:
+            return replace(judged, reason=f"{label}: {inner.reason}, but {judged.reason}")
+        return replace(judged, reason=f"{label} ({inner.reason})")
+
+    def _forecast_decision(self, state: PolicyState, plan: np.ndarray) -> Decision:
+        """The forecast-driven decision on the ``(H, P)`` planning speeds."""
         mean_speed = (plan * self._weight[:, None]).sum(axis=0) / self._weight.sum()
         current = tuple(state.partition)
         total = state.costs.sum(axis=1)

@@ -109,13 +109,18 @@ class ModelSpeeds:
         if self.table is not None:
             out = self._from_table(state, horizons)
         else:
-            out = self._from_window(horizons)
+            out = self._from_window(horizons, getattr(state, "t", None))
         self.asked, self.last = np.asarray(horizons, dtype=np.int64), out
         return out
 
-    def _from_window(self, horizons: Sequence[int] | np.ndarray) -> np.ndarray:
+    def _from_window(self, horizons: Sequence[int] | np.ndarray, t: int | None = None
+                     ) -> np.ndarray:
+        """From :attr:`window`, cut after its step index ``t`` when the state is an earlier
+        origin than the window's end (the forecast guard's backtests)."""
         hz = np.asarray(horizons, dtype=np.int64)
         w = self.window
+        if w is not None and t is not None and 0 <= int(t) < w.steps - 1:
+            w = _window_head(w, int(t) + 1)
         if w is None or w.steps < self.min_window:
             have = 0 if w is None else w.steps
             raise ForecastUnavailable(f"model '{self.name}' needs {self.min_window} steps of "
@@ -137,6 +142,17 @@ class ModelSpeeds:
             return self.fallback.forecast(state, hz)
         q = table[t]  # type: ignore[index]
         return np.sort(interpolate_horizons(q, self.horizons_model, hz), axis=2)
+
+
+def _window_head(w: Window, n: int) -> Window:
+    """The first ``n`` steps of ``w`` (tokens known ahead are dropped: they were for its end)."""
+    from dataclasses import replace
+
+    def cut(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[:n]
+
+    return replace(w, compute=w.compute[:n], cost=w.cost[:n], tokens=cut(w.tokens),
+                   layers=cut(w.layers), next_tokens=None)
 
 
 class CachingForecaster:

@@ -78,7 +78,7 @@ def test_predictive_moves_on_a_foreseeable_drift_before_reactive():
 
 def test_predictive_holds_and_respects_migration_cost():
     h = slow_rank(40, 1.5)
-    pol = PredictivePolicy(hold=5)
+    pol = PredictivePolicy(hold=5, guard={"confirm": 1})  # one decision: no confirmation
     assert isinstance(action_of(pol, state(h)), Repartition)
     held = action_of(pol, state(h, last=37))
     assert isinstance(held, NoOp) and "hysteresis" in held.reason
@@ -147,7 +147,7 @@ def test_viterbi_is_the_best_path(k, T, data):
 
 def test_decisions_carry_the_numbers_the_policy_computed():
     h = slow_rank(40, 1.5)
-    moved = PredictivePolicy(hold=5).decide(state(h))
+    moved = PredictivePolicy(hold=5, guard={"confirm": 1}).decide(state(h))
     assert isinstance(moved.action, Repartition) and moved.reason.startswith("stage 2 forecast")
     assert moved.predicted_step_with_action_s < moved.predicted_step_s
     assert moved.migration_s == pytest.approx(CHEAP.seconds((4, 4, 4, 4), moved.action.partition))

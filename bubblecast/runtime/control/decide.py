@@ -192,6 +192,8 @@ class Decider:
         if isinstance(inner, ModelSpeeds):
             inner.window = self._window(state)
         self.forecaster.last = None
+        if hasattr(self.policy, "clock"):  # the forecast guard keys origins by step number
+            self.policy.clock = int(self.history.steps[-1])
         if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread
             inner.history = since_last_move(self._raw, self.history.partitions)
             decision = self.policy.decide(state)
@@ -202,6 +204,9 @@ class Decider:
 
             speed = mean_planning_speed(*self.forecaster.last, self.policy.risk)
             facts["speed_plan"] = [round(float(x), 4) for x in speed]
+        report = getattr(self.policy, "guard_report", None)
+        if callable(report):  # the forecast guard's verdict and counts so far
+            facts["guard"] = report()
         return decision, facts
 
     def _window(self, state: Any) -> Any:

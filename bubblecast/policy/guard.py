@@ -1,0 +1,250 @@
+"""The predictive policy's forecast guard: does the model beat the naive forecast, and a move
+budget.
+
+:class:`ForecastGuard` scores the forecaster's realised error online: at every decision it keeps
+the median forecast made at that origin for a few check horizons (1, 4 and 16 steps by default)
+and, once the target steps are observed, compares it with the naive forecast (the speed
+observed at the origin, "last value") over the trailing ``window`` origins. Errors are taken on
+each rank's log speed *relative to the ranks' mean* (what decides a partition is how ranks
+compare, not their common level). While the model's error exceeds ``enter`` x the naive one the
+policy falls back to the reactive policy; it trusts the model again only when its error drops
+below ``exit`` x the naive one (hysteresis). Until ``min_scored`` (origin, horizon) pairs are
+scored the model is not trusted.
+
+A guard with (almost) no record (a fresh policy per request in the prediction service, or
+the first decisions of a run) backtests past origins from the state's own history: the
+forecaster is asked at a past origin with the history cut there (:func:`backtestable` says
+which forecasters allow it; a forecaster reading other inputs is scored online only).
+
+A forecast-driven move is also made only when ``confirm`` consecutive decisions agree on it,
+and vetoed while the model's errors on the last few steps are far above the naive forecast's
+(a sudden false alarm).
+
+:class:`MoveBudget`: at most ``max_moves`` moves in any ``per_steps`` consecutive steps, whatever
+the policy wants (no thrashing). Both are configured by :class:`GuardConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+
+
+@dataclass
+class GuardConfig:
+    """Forecast guard and move budget of the predictive policy (see the module docstring).
+
+    ``window``: trailing origins scored; ``horizons``: check horizons; ``min_scored``: scored
+    (origin, horizon) pairs before the model is trusted; ``enter`` / ``exit``: fall back when
+    model error > ``enter`` x naive error, trust again when < ``exit`` x naive error;
+    ``backtest``: most past origins forecast from the state's own history per decision when
+    they are missing from the record; ``max_moves`` moves per ``per_steps`` steps at most
+    (``max_moves`` 0: no budget); ``confirm``: a forecast-driven move is made only when the
+    same target comes out of that many consecutive decisions (one odd forecast moves
+    nothing); ``recent`` / ``recent_factor``: a veto while the model's mean error on the
+    targets of the last ``recent`` steps exceeds ``recent_factor`` x the naive one there (or
+    its window median, if larger): a sudden false alarm is caught at once; ``enabled``:
+    False turns the error check off (the budget stays).
+    """
+
+    window: int = 48
+    horizons: tuple[int, ...] = (1, 4, 16)
+    min_scored: int = 8
+    enter: float = 1.0
+    exit: float = 0.85
+    backtest: int = 16
+    max_moves: int = 3
+    per_steps: int = 100
+    confirm: int = 5
+    recent: int = 4
+    recent_factor: float = 2.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        self.horizons = tuple(int(h) for h in self.horizons)
+        if self.window < 1 or self.min_scored < 1 or self.backtest < 0:
+            raise BubblecastError("GuardConfig: window >= 1, min_scored >= 1, backtest >= 0")
+        if not self.horizons or min(self.horizons) < 1:
+            raise BubblecastError("GuardConfig.horizons: one or more horizons >= 1")
+        if not 0 < self.exit <= self.enter:
+            raise BubblecastError(f"GuardConfig: need 0 < exit <= enter, got exit {self.exit}, "
+                                  f"enter {self.enter}")
+        if self.max_moves < 0 or self.per_steps < 1 or self.confirm < 1:
+            raise BubblecastError("GuardConfig: max_moves >= 0, per_steps >= 1, confirm >= 1")
+
+    @classmethod
+    def coerce(cls, value: GuardConfig | dict[str, Any] | None) -> GuardConfig:
+        """A config from itself, a dict of its fields (e.g. from JSON) or None (defaults)."""
+        if isinstance(value, GuardConfig):
+            return value
+        if value is None:
+            return cls()
+        if not isinstance(value, dict):
+            raise BubblecastError(f"guard: expected an object of GuardConfig fields, got {value!r}")
+        try:
+            return cls(**value)
+        except TypeError as exc:
+            raise BubblecastError(f"guard: {exc}") from None
+
+
+def backtestable(forecaster: Any) -> bool:
+    """True when ``forecaster.forecast(state, ...)`` depends only on ``state`` (its ``t`` and
+    ``history``), so that a state cut at a past origin gives the forecast made there."""
+    from bubblecast.policy.forecasting import TrendForecaster
+    from bubblecast.policy.speeds import CachingForecaster, ModelSpeeds
+
+    if isinstance(forecaster, CachingForecaster):
+        return backtestable(forecaster.inner)
+    return isinstance(forecaster, TrendForecaster | ModelSpeeds)
+
+
+def _relative(log_speed: np.ndarray) -> np.ndarray:
+    """Log speeds relative to the ranks' mean (last axis)."""
+    return log_speed - log_speed.mean(axis=-1, keepdims=True)
+
+
+@dataclass
+class GuardStatus:
+    """The guard's verdict at one decision: ``trusted`` False means fall back to reactive."""
+
+    trusted: bool
+    model_error: float | None
+    naive_error: float | None
+    scored: int
+
+    @property
+    def ratio(self) -> float | None:
+        if self.model_error is None or self.naive_error is None:
+            return None
+        return self.model_error / max(self.naive_error, 1e-12)
+
+    def describe(self) -> str:
+        if self.ratio is None or self.scored == 0:
+            return "forecast guard: no realised forecast error yet"
+        return (f"forecast guard: model error {self.ratio:.2f}x the naive forecast's over "
+                f"{self.scored} scored forecasts")
+
+
+@dataclass
+class ForecastGuard:
+    """Online error tracking with hysteresis (see the module docstring). ``now`` is the
+    absolute step index of the state's last history row (``state.t`` offline)."""
+
+    config: GuardConfig = field(default_factory=GuardConfig)
+    record: dict[int, np.ndarray] = field(default_factory=dict)  # origin -> (C, P) log p50
+    trusted: bool = False
+    decisions: int = 0
+    fallback_decisions: int = 0
+    last: GuardStatus | None = None
+
+    def reset(self) -> None:
+        self.record.clear()
+        self.trusted = False
+        self.decisions = self.fallback_decisions = 0
+        self.last = None
+
+    def check_index(self, grid: np.ndarray) -> np.ndarray:
+        """Indices into the policy's horizon ``grid`` of the check horizons it contains."""
+        want = [h for h in self.config.horizons if h <= int(grid[-1])]
+        found = np.flatnonzero(np.isin(grid, want))
+        return found if len(found) else np.array([0])
+
+    def remember(self, now: int, p50: np.ndarray) -> None:
+        """Keep the ``(C, P)`` median forecast made at origin ``now`` (check horizons)."""
+        self.record[int(now)] = np.log(np.maximum(np.asarray(p50, dtype=np.float64), 1e-300))
+        oldest = now - self.config.window - max(self.config.horizons)
+        for o in [o for o in self.record if o < oldest]:
+            del self.record[o]
+
+    def backtest(self, state: Any, forecaster: Any, now: int, horizons: np.ndarray) -> None:
+        """Forecast at up to ``config.backtest`` recent past origins missing from the record,
+        from the state cut at each one (only for :func:`backtestable` forecasters)."""
+        budget = self.config.backtest
+        if budget == 0 or len(self.record) >= budget or not backtestable(forecaster):
+            return  # only to start a guard with no record (then it is scored online)
+        t = int(state.t)
+        lo = now - self.config.window - int(horizons.max())
+        origins = [o for o in range(now - int(horizons.min()), lo - 1, -1)
+                   if o not in self.record and o - (now - t) >= 0][:budget]
+        for o in origins:
+            ti = o - (now - t)
+            past = replace(state, t=ti, history=state.history[: ti + 1])
+            try:
+                q = np.asarray(forecaster.forecast(past, horizons), dtype=np.float64)
+            except Exception:  # noqa: BLE001 - no forecast there: that origin stays unscored
+                continue
+            self.remember(o, q[:, :, 1])
+
+    def score(self, history: np.ndarray, now: int, horizons: np.ndarray) -> GuardStatus:
+        """Model and naive mean absolute errors over the scored pairs; updates the verdict."""
+        c = self.config
+        hist = np.log(np.maximum(np.asarray(history, dtype=np.float64), 1e-300))
+        offset = now - (len(hist) - 1)  # absolute index of history row 0
+        err_m: list[float] = []
+        err_n: list[float] = []
+        recent: list[bool] = []
+        for o, logq in self.record.items():
+            if o - offset < 0:
+                continue
+            for j, h in enumerate(horizons):
+                target = o + int(h)
+                if target > now or target <= now - c.window:
+                    continue
+                actual = _relative(hist[target - offset])
+                err_m.append(float(np.abs(_relative(logq[j]) - actual).mean()))
+                err_n.append(float(np.abs(_relative(hist[o - offset]) - actual).mean()))
+                recent.append(target > now - c.recent)
+        n = len(err_m)
+        if n == 0:
+            status = GuardStatus(False, None, None, 0)
+        else:  # medians: one shock (a few huge errors for both) does not decide
+            med_m, med_n = float(np.median(err_m)), float(np.median(err_n))
+            ratio = med_m / max(med_n, 1e-12)
+            if n < c.min_scored:
+                trusted = False
+            elif self.trusted:
+                trusted = ratio <= c.enter
+            else:
+                trusted = ratio < c.exit
+            sel = np.asarray(recent)
+            if sel.any():
+                rm = float(np.mean(np.asarray(err_m)[sel]))
+                rn = max(float(np.mean(np.asarray(err_n)[sel])), med_n)
+                trusted = trusted and rm <= c.recent_factor * rn
+            status = GuardStatus(trusted, med_m, med_n, n)
+        if not c.enabled:
+            status.trusted = True
+        self.trusted = status.trusted
+        self.last = status
+        return status
+
+    def counts(self) -> dict[str, int]:
+        return {"decisions": self.decisions, "fallback_decisions": self.fallback_decisions}
+
+
+@dataclass
+class MoveBudget:
+    """At most ``max_moves`` moves in any ``per_steps`` consecutive steps (0: unlimited)."""
+
+    max_moves: int = 2
+    per_steps: int = 100
+    moves: list[int] = field(default_factory=list)
+    blocked: int = 0
+
+    def reset(self) -> None:
+        self.moves.clear()
+        self.blocked = 0
+
+    def allows(self, now: int) -> bool:
+        if self.max_moves == 0:
+            return True
+        recent = [m for m in self.moves if m > now - self.per_steps]
+        return len(recent) < self.max_moves
+
+    def spend(self, now: int) -> None:
+        self.moves.append(int(now))
+        self.moves[:] = [m for m in self.moves if m > now - self.per_steps]
