@@ -28,10 +28,30 @@ DATA = ["--windows", "5,20", "--horizons", "1,5", "--lags", "8"]
 
 @pytest.fixture(scope="module")
 def cluster() -> str:
-    cl = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0", silence_logs=logging.ERROR)
+    import dask
+
+    # one retry after a worker dies running a task (Dask's default is 3): keeps the test short
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        cl = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0", silence_logs=logging.ERROR)
     with cl:
         yield cl.scheduler_address
+
+
+def _die_once(marker: str) -> int:
+    """Kill the worker process the first time (marker absent), succeed on the retry."""
+    import os
+
+    if not os.path.exists(marker):
+        Path(marker).write_text("died")
+        os._exit(1)
+    return 7
+
+
+def _always_die(_item: int) -> int:
+    import os
+
+    os._exit(1)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +211,13 @@ def test_evaluate_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster
     local = _json(capsys)
     assert main([*args, "--cluster", cluster]) == 0
     assert _json(capsys) == local
+
+
+def test_killed_worker_is_retried_or_one_line(tmp_path: Path, cluster: str) -> None:
+    from bubblecast.telemetry.cluster import executor
+
+    with executor(cluster, progress=False) as ex:
+        assert ex.map(_die_once, [str(tmp_path / "marker")]) == [7]
+        with pytest.raises(BubblecastError, match="workers died") as err:
+            ex.map(_always_die, [1])
+    assert "\n" not in str(err.value)
