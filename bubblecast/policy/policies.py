@@ -272,10 +272,11 @@ class PredictivePolicy(Policy):
                plan: np.ndarray) -> Decision:
         """Move to the predicted-fastest option only if it pays back its migration."""
         total_time = step @ self._weight  # predicted seconds over the horizon
-        mean = total_time / self._weight.sum()  # predicted mean step time per option
         best = int(np.argmin(total_time))
-        keep = {"predicted_step_s": float(mean[0]),
-                "predicted_step_with_action_s": float(mean[0]), "migration_s": 0.0}
+        # Reported numbers come from the chosen rows alone: a matmul over K candidate rows can
+        # differ in the last bit from the same row scored alone (what the service reported).
+        now = float((step[:1] @ self._weight / self._weight.sum())[0])
+        keep = {"predicted_step_s": now, "predicted_step_with_action_s": now, "migration_s": 0.0}
         if best == 0:
             return Decision.keep("current partition is predicted fastest", **keep)
         current, target = options[0], options[best]
@@ -288,13 +289,14 @@ class PredictivePolicy(Policy):
         if saving <= (1.0 + self.margin) * cost:
             return Decision.keep(f"saving {saving:.4g} s does not pay back migration "
                                  f"{cost:.4g} s", **keep)
+        mean = step[[0, best]] @ self._weight / self._weight.sum()
         rank_plan = plan.mean(axis=0)
         slow = int(np.argmax(rank_plan))
         ratio = float(rank_plan[slow] / plan.mean())
         reason = (f"stage {slow} forecast {ratio:.2f}x slower than the mean per layer cost; "
-                  f"{list(current)} -> {list(target)} saves {mean[0] - mean[best]:.4g} s/step "
+                  f"{list(current)} -> {list(target)} saves {mean[0] - mean[1]:.4g} s/step "
                   f"over {self.horizon} steps, migration {cost:.4g} s")
-        return Decision(Repartition(target), float(mean[0]), float(mean[best]), cost, reason)
+        return Decision(Repartition(target), float(mean[0]), float(mean[1]), cost, reason)
 
 
 @dataclass
