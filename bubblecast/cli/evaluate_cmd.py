@@ -35,7 +35,10 @@ def evaluate(
                                 tracking_uri=tracking_uri, plot_dir=plot, progress=note,
                                 cluster=cluster)
     if json_out:
-        emit_json(result.summary())
+        summary = result.summary()
+        if getattr(result, "covariates", None) is not None:
+            summary["covariates"] = result.covariates  # type: ignore[attr-defined]
+        emit_json(summary)
         return
     _print_evaluation(result)
 
@@ -73,6 +76,16 @@ def _print_evaluation(result: object) -> None:
         for r in bubbles.itertuples():
             out.add_row(r.model, str(r.horizon), str(r.n), f"{r.mae:.4f}",
                         f"{r.predicted:.4f}", f"{r.actual:.4f}")
+        console.print(out)
+    ablation = getattr(result, "covariates", None)
+    if ablation is not None:
+        out = Table(title=f"skill with and without covariates ({len(ablation['columns'])} "
+                          "columns; same small LightGBM, half the runs held out)")
+        for col in ("horizon", "n", "mae_last", "mae_without", "mae_with", "skill_without",
+                    "skill_with"):
+            out.add_column(col, justify="right")
+        for r in ablation["rows"]:
+            out.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()])
         console.print(out)
     for line in getattr(result, "notes", []):
         console.print(line)
