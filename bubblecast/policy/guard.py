@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.policy.actions import Repartition
+from bubblecast.policy.decision import Decision
 
 
 @dataclass
@@ -140,12 +142,30 @@ class ForecastGuard:
     decisions: int = 0
     fallback_decisions: int = 0
     last: GuardStatus | None = None
+    streak: tuple[Any, int] = (None, 0)  # the last forecast-driven target and its run length
 
     def reset(self) -> None:
         self.record.clear()
         self.trusted = False
         self.decisions = self.fallback_decisions = 0
         self.last = None
+        self.streak = (None, 0)
+
+    def confirmed(self, decision: Decision) -> Decision:
+        """``decision`` if its target also came out of the previous ``confirm - 1``
+        decisions, else a keep saying so. A policy's first decision (the service builds one
+        per request) has nothing to confirm with: the backtest and the veto still apply."""
+        action = decision.action
+        target = tuple(action.partition) if isinstance(action, Repartition) else None
+        run = self.streak[1] + 1 if target is not None and target == self.streak[0] else 1
+        self.streak = (target, run)
+        need = self.config.confirm
+        if target is None or run >= need or self.decisions <= 1:
+            return decision
+        return Decision.keep(f"waiting for confirmation ({run} of {need} decisions): "
+                             f"{decision.reason}", predicted_step_s=decision.predicted_step_s,
+                             predicted_step_with_action_s=decision.predicted_step_s,
+                             migration_s=0.0)
 
     def check_index(self, grid: np.ndarray) -> np.ndarray:
         """Indices into the policy's horizon ``grid`` of the check horizons it contains."""

@@ -164,12 +164,10 @@ class PredictivePolicy(Policy):
         self.guard = GuardConfig.coerce(self.guard)
         self.guard_ = ForecastGuard(self.guard)
         self.budget_ = MoveBudget(self.guard.max_moves, self.guard.per_steps)
-        self._streak: tuple[Partition | None, int] = (None, 0)
 
     def reset(self, context: RunContext, state: PolicyState) -> None:
         self.guard_.reset()
         self.budget_.reset()
-        self._streak = (None, 0)
         self.fallback.reset(context, state)
 
     def plan_speeds(self, state: PolicyState) -> np.ndarray:
@@ -199,7 +197,7 @@ class PredictivePolicy(Policy):
         if state.last_action is not None and state.t - state.last_action < self.hold:
             return Decision.keep("holding after the last move (hysteresis)")
         if status.trusted:
-            decision = self._confirmed(
+            decision = g.confirmed(
                 self._forecast_decision(state, planning_speed(quantiles, self.risk)))
         else:
             g.fallback_decisions += 1
@@ -212,23 +210,6 @@ class PredictivePolicy(Policy):
                                  f"{self.budget_.per_steps} steps already ({decision.reason})")
         self.budget_.spend(now)
         return decision
-
-    def _confirmed(self, decision: Decision) -> Decision:
-        """``decision`` if its target also came out of the previous ``confirm - 1``
-        decisions, else a keep saying so."""
-        target = decision.action.partition if isinstance(decision.action, Repartition) \
-            else None
-        streak = self._streak[1] + 1 if target is not None and target == self._streak[0] else 1
-        self._streak = (target, streak)
-        need = self.guard.confirm  # type: ignore[union-attr]
-        # A policy's first decision (the service builds one per request) has nothing to
-        # confirm with: the guard's backtest and veto still apply.
-        if target is None or streak >= need or self.guard_.decisions <= 1:
-            return decision
-        return Decision.keep(f"waiting for confirmation ({streak} of {need} decisions): "
-                             f"{decision.reason}", predicted_step_s=decision.predicted_step_s,
-                             predicted_step_with_action_s=decision.predicted_step_s,
-                             migration_s=0.0)
 
     def _fallback_decision(self, state: PolicyState, why: str) -> Decision:
         """``fallback``'s decision; a move must still pay back its migration over the
