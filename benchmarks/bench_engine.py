@@ -1,17 +1,19 @@
 """Timing engine throughput against the reference event loop, and ``simulate`` end to end.
 
-For each schedule (P=8 stages, M=16 microbatches) the same ``(steps, ops)`` duration matrix
-is timed by the vectorised engine (as a C-ordered array and as the same values in op-major
-memory, which skips a transposition) and by the per-op reference loop; outputs are checked
-equal. Each is timed ``--repeat`` times and the fastest run counts (as ``timeit`` recommends:
-slower runs measure other processes, not the code), twice: back to back (each function in its
-own steady state, as ``timeit`` runs it) and alternating engine and reference within each round
-(the engine then starts with the caches the reference loop left it: a colder figure). Then
+For each simulable schedule (P=8 stages, M=16 microbatches) the same ``(steps, ops)`` duration
+matrix is timed by the vectorised engine (as a C-ordered array and as the same values in
+op-major memory, which skips a transposition: the layout ``simulate_events`` builds its
+durations in) and by the per-op reference loop; outputs are checked equal. Each is timed
+``--repeat`` times and the fastest run counts (as ``timeit`` recommends: slower runs measure
+other processes, not the code), twice: back to back (each function in its own steady state,
+as ``timeit`` runs it) and alternating engine and reference within each round (the engine
+then starts with the caches the reference loop left it: a colder figure). Then
 ``simulate_events`` (1000 steps x 8 stages x 16 microbatches, 1F1B, median of 3) and
-``write_events`` are timed end to end. Times are process
-CPU times (numpy here is single-threaded), so a busy shared machine distorts them less than
-wall-clock would. Prints a table and writes ``benchmarks/results/engine.json``.
-Usage: ``python benchmarks/bench_engine.py [--steps N] [--repeat R]``.
+``write_events`` are timed end to end. Times are process CPU times (numpy here is
+single-threaded), so a busy shared machine distorts them less than wall-clock would. Prints a
+table and writes ``benchmarks/results/engine.json``.
+Usage: ``python benchmarks/bench_engine.py [--steps N] [--repeat R]`` (or ``python -m
+benchmarks.bench_engine``).
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bubblecast.sim.engine import simulate
-from bubblecast.sim.schedules import schedule_graph
-from bubblecast.sim.simulator import SimConfig, simulate_events
-from bubblecast.telemetry.io import atomic_write_text, write_events
-from tests.oracles.sim_reference import simulate_reference
+if __package__ in (None, ""):  # run as a script: the reference loop lives in tests/oracles
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)]
+from bubblecast.sim.engine import simulate  # noqa: E402
+from bubblecast.sim.schedules import SCHEDULES, SIMULABLE, schedule_graph  # noqa: E402
+from bubblecast.sim.simulator import SimConfig, simulate_events  # noqa: E402
+from bubblecast.telemetry.io import atomic_write_text, write_events  # noqa: E402
+from tests.oracles.sim_reference import simulate_reference  # noqa: E402
+
+CASES = [(name, 2 if SCHEDULES[name].multi_chunk else 1) for name in SIMULABLE]
 
 
 def _timed(fn, repeat: int = 1) -> tuple[float, object]:

@@ -137,9 +137,10 @@ def _noise(seed: int, k: int, sigma: float, shape: tuple[int, ...]) -> np.ndarra
     return np.exp(out, out=out)
 
 
-def _durations(config: SimConfig, sg: Any, k: int, workload: Workload,
-               parts: np.ndarray) -> tuple[np.ndarray, Any, Workload]:
-    """Run ``k``'s ``(steps, replicas, ops)`` durations in ms, its draw and its workload."""
+def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np.ndarray,
+               out: np.ndarray) -> tuple[Any, Workload]:
+    """Fill ``out`` with run ``k``'s durations in ms, op-major ``(ops, steps, replicas)`` (the
+    engine's layout: it then times them without a transposition); its draw and workload."""
     p, steps, replicas = config.stages, config.steps, config.replicas
     scenario = config.scenario_for(k)
     draw = scenario.draw(RunShape(steps, p, replicas, config.microbatches))
@@ -149,14 +150,16 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload,
     costs = stage_costs(workload, parts)  # (steps, S, 3)
     base = costs[:, sg.virtual_stage, sg.kind]  # (steps, ops)
     base += costs[:, sg.virtual_stage, 2] * sg.fused  # a backward without a W op carries W
-    speed = draw.speed.reshape(steps, replicas, p)
-    dur = base[:, None, :] * speed[:, :, sg.stage]
+    speed = np.ascontiguousarray(draw.speed.reshape(steps, replicas, p).transpose(2, 0, 1))
+    np.multiply(base.T[:, :, None], speed[sg.stage], out=out)  # rows of `speed` per op: cheap
     if draw.work is not None:
-        dur *= draw.work[:, :, sg.microbatch]
-    noise = _noise(config.base_seed, k, draw.noise_sigma, dur.shape)
-    if noise is not None:
-        dur *= noise
-    return dur, (scenario, draw), workload
+        out *= np.ascontiguousarray(draw.work.transpose(2, 0, 1))[sg.microbatch]
+    noise = _noise(config.base_seed, k, draw.noise_sigma, (steps, replicas, sg.graph.n_ops))
+    if noise is not None:  # drawn in (steps, replicas, ops) order, as always: same values
+        for lo in range(0, out.shape[0], 64):  # 64 ops at a time: the transposed reads of a
+            part = noise[:, :, lo:lo + 64]  # power-of-two stride would thrash the cache
+            out[lo:lo + 64] *= part.transpose(2, 0, 1)
+    return (scenario, draw), workload
 
 
 def _partition_steps(parts: np.ndarray) -> list[list[Any]]:
@@ -172,15 +175,16 @@ def simulate_events(config: SimConfig) -> Events:
     parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v,
                              config.schedule)
     n, runs = sg.graph.n_ops, config.runs
-    dur = np.empty((runs, steps, replicas, n))
+    dur = np.empty((n, runs, steps, replicas))  # op-major: the engine's layout
     metas, draws = {}, []
     for i, run_id in enumerate(config.run_ids()):
         k = config.first_run + i
-        dur[i], (scenario, draw), workload = _durations(config, sg, k, base_workload, parts)
+        (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[:, i])
         draws.append(draw)
         metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts)
-    dur_s = dur.reshape(-1, n) / 1000.0
-    start, _ = simulate(sg.graph, dur_s, config.comm / 1000.0)
+    dur_s = dur.reshape(n, -1)
+    dur_s /= 1000.0
+    start, _ = simulate(sg.graph, dur_s.T, config.comm / 1000.0)
     # Rows in (run, step, replica, op) order.
     rows_per_run = steps * replicas * n
     total = runs * rows_per_run
@@ -203,7 +207,7 @@ def simulate_events(config: SimConfig) -> Events:
         "microbatch": mb,
         "op": pd.Categorical.from_codes(kind, categories=list(OPS)),
         "start_s": np.ascontiguousarray(start).reshape(total),
-        "duration_s": dur_s.reshape(total),
+        "duration_s": np.ascontiguousarray(dur_s.T).reshape(total),
         # (runs, steps, replicas, ops) by broadcasting: no per-row multi-array indexing
         "layers": np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n))
         .reshape(total),
