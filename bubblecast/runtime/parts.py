@@ -1,4 +1,4 @@
-"""Events parts on disk: the recorder's background writer and the end-of-run merge.
+"""Events parts on disk: the recorder's rows as columns, its background writer, the merge.
 
 :class:`PartWriter` validates and writes each batch of rows as ``rank{r}-{k}.parquet`` in a
 background thread (``bubblecast.telemetry`` write path: validated, atomic), so training never
@@ -17,6 +17,35 @@ from bubblecast.telemetry.schema import RunMeta
 
 #: Turns a batch of buffered rows into events columns (runs in the writer thread).
 Columns = Callable[[list[tuple]], dict[str, Any]]
+
+
+def event_columns(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: int,
+                  stage: int, replica: int, host: str, device: str,
+                  offset: float) -> dict[str, Any]:
+    """Events columns of the recorder's rows ``(step, chunk, microbatch, op code, start,
+    duration, layers, tokens)``; ``offset`` maps starts to the run's origin; tokens < 0 are
+    unknown (null)."""
+    import numpy as np
+
+    if not rows:
+        return {}
+    step, chunk, mb, op, t0, dur, layers, tokens = (np.asarray(c)
+                                                     for c in zip(*rows, strict=True))
+    n = len(rows)
+    tokens = tokens.astype(np.int64)
+    if tokens.min() < 0:  # unknown: null (pandas nullable integers)
+        import pandas as pd
+
+        tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
+    return {
+        "run_id": [run_id] * n, "step": step.astype(np.int64),
+        "rank": np.full(n, rank, np.int32), "stage": np.full(n, stage, np.int32),
+        "replica": np.full(n, replica, np.int32), "chunk": chunk.astype(np.int32),
+        "microbatch": mb.astype(np.int32), "op": np.asarray(ops)[op],
+        "start_s": t0.astype(np.float64) + offset, "duration_s": dur.astype(np.float64),
+        "layers": layers.astype(np.int32), "tokens": tokens,
+        "host": [host] * n, "device": [device] * n,
+    }
 
 
 class PartWriter:

@@ -9,10 +9,8 @@ events until they are resolved in one batch at a flush (or at a step end that ne
 durations: step hooks, per-layer cost sampling): no synchronize per op. A background thread
 turns the buffer into a validated events part every ``flush_every`` steps (and no sooner than
 ``min_part_s`` seconds after the previous part: a part costs ~10 ms of CPU whatever its
-size, so fast steps get fewer, larger parts). Timestamps are
-``perf_counter`` values (device times mapped onto it) made relative to a run origin broadcast
-by rank 0, so all ranks share the origin (exactly on one host, to clock-sync accuracy across
-hosts).
+size, so fast steps get fewer, larger parts). Timestamps are ``perf_counter`` values (device
+times mapped onto it) relative to a run origin broadcast by rank 0 (shared by all ranks).
 
 The same wrapper emulates slowdowns: on the host clock, after an op it sleeps
 ``(multiplier - 1) x`` the op's measured time; on the device it queues that much spinning on
@@ -39,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bubblecast.runtime.inject import Injection, multiplier
-from bubblecast.runtime.parts import PartWriter, merge_parts
+from bubblecast.runtime.parts import PartWriter, event_columns, merge_parts
+from bubblecast.runtime.sampler import MetricLog
 from bubblecast.telemetry.schema import RunMeta
 
 if TYPE_CHECKING:
@@ -92,7 +91,8 @@ class Recorder:
     :meth:`add_step_hook` registers a function called at each step's end with a
     :class:`StepView` of that step's rows (the closed-loop controller's telemetry).
     ``timer``: an :class:`~bubblecast.runtime.device_timing.EventTimer` for device timing
-    (None: host ``perf_counter``); :attr:`timing` says which.
+    (None: host ``perf_counter``); :attr:`timing` says which. :attr:`metrics`: device metrics
+    (every ``metrics_every`` steps, emulated temperatures, :meth:`announce_tokens`).
     """
 
     def __init__(self, *, run_id: str, rank: int, stage: int, origin_wall: float,
@@ -100,7 +100,7 @@ class Recorder:
                  flush_every: int = 50, layer_cost_every: int = 0, record: bool = True,
                  injections: list[Injection] | None = None, replica: int = 0,
                  device: str = "cpu", timer: EventTimer | None = None,
-                 min_part_s: float = 0.0) -> None:
+                 min_part_s: float = 0.0, metrics_every: int = 0) -> None:
         import socket
 
         self.run_id, self.rank, self.stage, self.replica = run_id, rank, stage, replica
@@ -111,6 +111,8 @@ class Recorder:
         self.min_part_s, self._last_part = min_part_s, time.perf_counter()
         self.injections = [i for i in (injections or []) if i.rank == rank]
         self._meta_fn = meta_fn
+        self.metrics = MetricLog(run_id, rank, device, metrics_every if record else 0,
+                                 self.injections if record else [])  # device_metrics rows
         self.timer = timer
         self.timing = "host" if timer is None else "device"
         self.capture = False  # record ops now (between begin_step and end_step)
@@ -240,8 +242,13 @@ class Recorder:
     def begin_step(self, step: int, tokens_per_microbatch: int) -> None:
         self._step, self._tokens, self.capture = step, tokens_per_microbatch, True
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
+        self.metrics.begin_step(step)  # no-op unless recording
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
             self._start_sampling()
+
+    def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
+        """Known-future workload (a ``tokens`` device metric): call for the next K steps."""
+        self.metrics.announce_tokens(step, tokens_per_microbatch)  # written if recording
 
     def record_optimizer(self, t0: float, t1: float) -> None:
         """An ``OPTIMIZER`` row of the current step, from host ``perf_counter`` times."""
@@ -339,27 +346,9 @@ class Recorder:
 
     # -- output -------------------------------------------------------------------------
     def _columns(self, rows: list[tuple]) -> dict[str, Any]:
-        import numpy as np
-
-        if not rows:
-            return {}
-        cols = (np.asarray(c) for c in zip(*rows, strict=True))
-        step, chunk, mb, op, t0, dur, layers, tokens = cols
-        n = len(rows)
-        tokens = tokens.astype(np.int64)
-        if tokens.min() < 0:  # unknown: null (pandas nullable integers)
-            import pandas as pd
-
-            tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
-        return {
-            "run_id": [self.run_id] * n, "step": step.astype(np.int64),
-            "rank": np.full(n, self.rank, np.int32), "stage": np.full(n, self.stage, np.int32),
-            "replica": np.full(n, self.replica, np.int32), "chunk": chunk.astype(np.int32),
-            "microbatch": mb.astype(np.int32), "op": np.asarray(_OPS)[op],
-            "start_s": t0.astype(np.float64) + self._offset, "duration_s": dur.astype(np.float64),
-            "layers": layers.astype(np.int32), "tokens": tokens,
-            "host": [self.host] * n, "device": [self.device] * n,
-        }
+        return event_columns(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
+                             replica=self.replica, host=self.host, device=self.device,
+                             offset=self._offset)
 
     def frame(self) -> Any:
         """Rows kept in memory (``events_dir`` None) plus unflushed rows, as a DataFrame."""
@@ -384,6 +373,7 @@ class Recorder:
         """Flush what is left and wait for the writer to finish."""
         if self.record:
             self.flush()
+            self.metrics.close(self.events_dir)
         if self._writer is not None:
             self._writer.close()
 
