@@ -309,6 +309,9 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
 
     import torch.distributed as dist
 
+    if not dist.is_initialized():
+        raise BubblecastError("record: torch.distributed is not initialised (call it on every "
+                              "rank of the pipeline, after init_process_group)")
     injections = parse_inject(inject) if isinstance(inject, str) else list(inject or [])
     timer = _timer(stages, opts.timing)
     check = (lambda rid: None) if parts_dir is not None else parts  # its caller manages it
