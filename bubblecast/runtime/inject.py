@@ -5,6 +5,13 @@ Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=v
 - Slowdown: ``rank=1,factor=2.0,start=100,ramp=50,end=400``: from step ``start`` (default 0)
   until step ``end`` (exclusive, default never) every compute op of ``rank`` takes ``factor``
   times its own measured time, the extra ramping in linearly over ``ramp`` steps (default 0).
+- Thermal lead: add ``lead=L`` to a slowdown (``rank=1,factor=2,start=100,ramp=20,lead=30``):
+  the emulated device heats up before it slows down. Its temperature follows an RC charge
+  (the model of :mod:`bubblecast.sim.thermal` with constant power into degraded cooling):
+  75 C until step ``start - L``, then ``75 + 20 (1 - exp(-(step - start + L) / tau))`` with
+  ``tau = L / ln 2``, so it crosses the 85 C throttle threshold exactly at ``start``, where
+  the slowdown begins (and cools back the same way from ``end``). The recorder writes it as
+  the ``temperature_c`` device metric of that rank at every step.
 - Spike: ``rank=0,every=50,extra=0.2[,length=1][,start=0][,end=N]``: on ``length`` steps out
   of every ``every`` (from ``start``), each compute op of ``rank`` takes ``1 + extra`` times
   its measured time.
@@ -19,14 +26,17 @@ slowed, and the host keeps launching ahead as it would.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bubblecast.errors import BubblecastError
 
-_SLOW_KEYS = {"rank", "factor", "start", "ramp", "end"}
+_SLOW_KEYS = {"rank", "factor", "start", "ramp", "end", "lead"}
 _SPIKE_KEYS = {"rank", "every", "extra", "length", "start", "end"}
-_INT_KEYS = {"rank", "start", "ramp", "end", "every", "length"}
+_INT_KEYS = {"rank", "start", "ramp", "end", "every", "length", "lead"}
+#: Emulated device temperatures (deg C): healthy, throttle threshold, degraded steady state.
+T_HEALTHY, T_THROTTLE, T_HOT = 75.0, 85.0, 95.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Injection:
     every: int | None = None
     extra: float = 0.0
     length: int = 1
+    lead: int = 0
 
     @property
     def kind(self) -> str:
@@ -55,8 +66,21 @@ class Injection:
         frac = 1.0 if self.ramp == 0 else min(1.0, (step - self.start + 1) / self.ramp)
         return 1.0 + (self.factor - 1.0) * frac
 
+    def temperature(self, step: int) -> float | None:
+        """The emulated device's temperature at ``step`` (module doc); None without a lead."""
+        if not self.lead or self.every is not None:
+            return None
+        tau = self.lead / math.log(2.0)
+        heat = T_HEALTHY + (T_HOT - T_HEALTHY) * -math.expm1(
+            -max(0, step - self.start + self.lead) / tau)
+        if self.end is not None and step > self.end:
+            at_end = self.temperature(self.end) or T_HEALTHY
+            heat = T_HEALTHY + (at_end - T_HEALTHY) * math.exp(-(step - self.end) / tau)
+        return float(round(heat))
+
     def to_json(self) -> dict[str, Any]:
-        keys = _SPIKE_KEYS if self.every is not None else _SLOW_KEYS
+        keys = _SPIKE_KEYS if self.every is not None else _SLOW_KEYS - (
+            set() if self.lead else {"lead"})
         return {"kind": self.kind, **{k: v for k, v in asdict(self).items() if k in keys}}
 
 
@@ -78,7 +102,7 @@ def _parse_one(spec: str) -> Injection:
         key, raw = (s.strip() for s in item.split("=", 1))
         if key not in _SLOW_KEYS | _SPIKE_KEYS:
             raise BubblecastError(f"--inject: unknown key '{key}' in '{spec}' (keys: rank, "
-                                  "factor, start, ramp, end, every, extra, length)")
+                                  "factor, start, ramp, end, lead, every, extra, length)")
         if key in fields:
             raise BubblecastError(f"--inject: '{key}' given twice in '{spec}'")
         fields[key] = _number(key, raw, spec)
@@ -94,7 +118,7 @@ def _parse_one(spec: str) -> Injection:
     for key in need:
         if key not in fields:
             raise BubblecastError(f"--inject: '{key}' is required in '{spec}'")
-    checks = [("rank", 0), ("start", 0), ("ramp", 0), ("every", 1), ("length", 1)]
+    checks = [("rank", 0), ("start", 0), ("ramp", 0), ("every", 1), ("length", 1), ("lead", 0)]
     for key, low in checks:
         if key in fields and fields[key] < low:
             raise BubblecastError(f"--inject: '{key}' must be >= {low}, got {fields[key]}")
@@ -123,3 +147,10 @@ def multiplier(injections: list[Injection], rank: int, step: int) -> float:
         if inj.rank == rank:
             total += inj.multiplier(step) - 1.0
     return total
+
+
+def temperatures(injections: list[Injection], rank: int, step: int) -> float | None:
+    """The emulated temperature of ``rank`` at ``step`` (the hottest lead), None if none."""
+    temps = [t for i in injections if i.rank == rank
+             for t in (i.temperature(step),) if t is not None]
+    return max(temps) if temps else None

@@ -195,6 +195,16 @@ class Recording:
         """The rows kept in memory (``out=None``) as a DataFrame."""
         return self.recorder.frame()
 
+    def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
+        """Hook for the data loader: ``step``'s tokens per micro-batch, known before it runs
+        (call it for the next K steps); written as the known-future ``tokens`` device
+        metric, a covariate ``dataset --covariates auto`` reads up to the horizon."""
+        self.recorder.announce_tokens(step, tokens_per_microbatch)
+
+    def metrics(self) -> Any:
+        """This rank's device metrics so far (samples, emulated temperatures, tokens)."""
+        return self.recorder.metrics.frame()
+
     def close(self) -> None:
         """End the step, write what is left, give every method back (local, not collective)."""
         if self._closed:
@@ -280,7 +290,7 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
            replica: int = 0, replicas: int = 1, first_step: int = 0,
            meta: Callable[[], RunMeta] | None = None, layers: ChunkLayers | None = None,
            enabled: bool = True, parts_dir: str | Path | None = None,
-           origin_wall: float | None = None) -> Recording:
+           origin_wall: float | None = None, metrics_every: int = 0) -> Recording:
     """Record the steps of ``schedule`` (a ``torch.distributed.pipelining`` schedule).
 
     ``out``: directory for the events parts (None: keep them in memory, :meth:`Recording.frame`);
@@ -293,7 +303,10 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
     ``meta``, ``layers``, ``first_step``, ``enabled``, ``parts_dir`` (write the parts exactly
     there, a folder the caller manages) and ``origin_wall`` (rank 0's value is the clock
     origin, default its current time) serve callers that know their plan (the built-in
-    trainer). Use as a context manager, or call :meth:`Recording.close`.
+    trainer). ``metrics_every``: sample device metrics (NVML on NVIDIA GPUs, else the OS's CPU
+    temperature, clock and load) every that many steps into ``rank<r>.metrics`` (0: never;
+    emulated temperatures and announced tokens are written regardless). Use as a context
+    manager, or call :meth:`Recording.close`.
     """
     opts = RecordOptions(flush_every, min_part_s, layer_cost_every, timing, replica, replicas,
                          tokens)
@@ -326,7 +339,7 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
         flush_every=opts.flush_every, min_part_s=opts.min_part_s,
         layer_cost_every=opts.layer_cost_every, record=enabled,
         injections=injections, replica=opts.replica, device=str(stages[0].device),
-        timer=timer)
+        timer=timer, metrics_every=metrics_every)
     recording = Recording(recorder, first_step=first_step, tokens=opts.tokens,
                           events_dir=parts(rid), origin_wall=origin)
     recording.attach(schedule, layers=layers, optimizer=optimizer)

@@ -31,6 +31,11 @@ from bubblecast.runtime.recorder import merge_parts
 from bubblecast.runtime.transition import apply_action
 from bubblecast.telemetry.schema import RunMeta
 
+#: Device metrics sampled every this many steps (``rank<r>.metrics``, merged into OUT.metrics).
+METRICS_EVERY = 10
+#: Steps ahead the trainer's data loader announces tokens per micro-batch (known-future).
+ANNOUNCE_AHEAD = 10
+
 #: ``on_step_end(trainer, loss)`` runs on rank 0 and returns an action to broadcast, or None.
 StepCallback = Callable[["Trainer", "float | None"], "Action | dict | None"]
 
@@ -121,6 +126,7 @@ class Trainer:
                                   f"config says {self.spec.layers}")
         self._loss = self.model.loss
         self.step = 0
+        self._announced_from: int | None = None
         self.losses: dict[int, float] = {}
         self.actions: list[dict[str, Any]] = []
         self.fault_hook: FaultHook | None = None
@@ -141,7 +147,10 @@ class Trainer:
             optimizer=self.optimizer, flush_every=config.flush_every, min_part_s=0.0,
             layer_cost_every=config.layer_cost_every, inject=config.injections,
             first_step=self.step, meta=self.run_meta, layers=self._chunk_layers(),
-            enabled=record, origin_wall=origin_wall)
+            enabled=record, origin_wall=origin_wall, metrics_every=METRICS_EVERY)
+        #: scheduled steps for run metadata ``calendar`` (e.g. ``{"checkpoint_every": N}``),
+        #: set by whoever schedules them; known-future covariates of the dataset
+        self.calendar: dict[str, int] = {}
         self.recorder = self.recording.recorder
         self.origin_wall = self.recording.origin_wall
 
@@ -202,6 +211,11 @@ class Trainer:
         x, y = self.model.batch(step, c.batch_size)
         tokens = c.batch_size // plan.microbatches * self.model.tokens_per_sample
         self.recording.step, self.recording.tokens = step, tokens
+        # the data loader knows the next batches: announce ANNOUNCE_AHEAD steps ahead
+        fresh = self._announced_from is None
+        self._announced_from = step if fresh else self._announced_from
+        for ahead in range(0 if fresh else ANNOUNCE_AHEAD, ANNOUNCE_AHEAD + 1):
+            self.recording.announce_tokens(step + ahead, tokens)
         losses: list[torch.Tensor] | None = [] if last else None
         args = (x.to(self.device),) if first else ()
         self.schedule.step(*args, target=y.to(self.device) if last else None, losses=losses,
@@ -288,6 +302,8 @@ class Trainer:
             "batch_size": c.batch_size, "actions": list(self.actions),
             "torch_schedule": init.info.torch_class, "timing": self.recording.timing,
         }
+        if self.calendar:
+            extra["calendar"] = dict(self.calendar)
         if c.inject:
             extra["emulated_slowdown"] = {"spec": c.inject,
                                           "injections": [i.to_json() for i in c.injections]}
@@ -311,5 +327,16 @@ class Trainer:
         if self.rank == 0 and out is not None and self.config.events_dir is not None:
             rows = merge_parts(self.config.events_dir, out, self.config.run_id,
                                self.run_meta(costs))
+            _merge_metrics(self.config.events_dir, out)
         dist.barrier(group=self.group)
         return rows
+
+
+def _merge_metrics(parts_dir: str, out: str) -> None:
+    """The ranks' ``*.metrics`` files merged beside ``out`` (``OUT.metrics``), when any."""
+    from bubblecast.telemetry.metrics import metrics_path, read_metrics, write_metrics
+
+    frame = read_metrics(parts_dir)
+    if len(frame):
+        write_metrics(frame.sort_values(["step", "rank", "metric"], kind="stable"),
+                      metrics_path(out))

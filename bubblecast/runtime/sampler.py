@@ -1,0 +1,194 @@
+"""Device-metric sampling for the recorder: the ``device_metrics`` side table's rows.
+
+:class:`DeviceSampler` reads, every ``every`` steps and on a background thread (never on the
+training thread's hot path: :meth:`DeviceSampler.request` only queues the step):
+
+- **NVIDIA GPUs**, through NVML (``nvidia-ml-py``, imported lazily; absent: no GPU rows):
+  ``temperature_c`` (GPU core), ``sm_clock_mhz``, ``power_w`` and ``throttle`` (the
+  clock-event/throttle reasons bitmask, 0 = none);
+- **CPU** (Linux): ``cpu_temp_c`` (the hottest ``/sys/class/thermal/thermal_zone*/temp``),
+  ``cpu_mhz`` (mean ``/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq``, else
+  ``/proc/cpuinfo``'s ``cpu MHz``) and ``load1`` (1-minute load average); a source the
+  machine lacks is skipped;
+- **emulated devices** (``--inject ...,lead=L``): the emulated temperature
+  (:meth:`bubblecast.runtime.inject.Injection.temperature`) as ``temperature_c``, recorded
+  at every step of the rank (it is what a real device would report).
+
+Known-future rows (``tokens`` announced by the training loop) are added by the recorder
+itself (:meth:`bubblecast.runtime.recorder.Recorder.announce_tokens`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+Row = tuple[int, str, float]  # (step, metric, value)
+
+
+def _read_float(path: str) -> float | None:
+    try:
+        with open(path) as fh:
+            return float(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_readings() -> dict[str, float]:
+    """What this machine's OS offers (see the module doc); missing sources are skipped."""
+    out: dict[str, float] = {}
+    temps = [t for t in (_read_float(p) for p in glob.glob(
+        "/sys/class/thermal/thermal_zone*/temp")) if t is not None and t > 0]
+    if temps:
+        out["cpu_temp_c"] = max(temps) / 1000.0
+    freqs = [f for f in (_read_float(p) for p in glob.glob(
+        "/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq")) if f]
+    if freqs:
+        out["cpu_mhz"] = sum(freqs) / len(freqs) / 1000.0
+    else:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                mhz = [float(line.split(":")[1]) for line in fh if line.startswith("cpu MHz")]
+            if mhz:
+                out["cpu_mhz"] = sum(mhz) / len(mhz)
+        except (OSError, ValueError, IndexError):
+            pass
+    with contextlib.suppress(OSError):
+        out["load1"] = os.getloadavg()[0]
+    return out
+
+
+def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
+    """A reader of GPU ``index`` through NVML, or None without nvidia-ml-py or a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # no driver, no such device: no GPU rows
+        return None
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+
+    def read() -> dict[str, float]:
+        out = {"temperature_c": float(pynvml.nvmlDeviceGetTemperature(
+                   handle, pynvml.NVML_TEMPERATURE_GPU)),
+               "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+               "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}
+        if reasons is not None:
+            out["throttle"] = float(reasons(handle))
+        return out
+
+    return read
+
+
+class DeviceSampler:
+    """Samples ``device`` (``cuda:N`` or ``cpu``) every ``every`` steps on a thread; the rows
+    collect in :attr:`rows` (``(step, metric, value)``)."""
+
+    def __init__(self, device: str, every: int = 10) -> None:
+        self.every, self.rows = max(1, int(every)), []
+        self._read: Callable[[], dict[str, float]] | None = None
+        if device.startswith("cuda"):
+            self._read = nvml_reader(int(device.partition(":")[2] or 0))
+        if self._read is None:
+            self._read = cpu_readings
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="bubblecast-sampler", daemon=True)
+        self._thread.start()
+
+    def request(self, step: int) -> None:
+        """Queue a sample for ``step`` when it is due (cheap: no reading here)."""
+        if step % self.every == 0 and self._thread is not None:
+            self._queue.put(step)
+
+    def _run(self) -> None:
+        while True:
+            step = self._queue.get()
+            if step is None:
+                return
+            try:
+                values = self._read() if self._read is not None else {}
+            except Exception:  # a failing sensor must not stop training
+                values = {}
+            with self._lock:
+                self.rows.extend((step, k, float(v)) for k, v in values.items())
+
+    def take(self) -> list[Row]:
+        """The rows sampled so far (removed from the sampler)."""
+        with self._lock:
+            rows, self.rows = self.rows, []
+        return rows
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+class MetricLog:
+    """One rank's device-metric rows: sampled (:class:`DeviceSampler`, when ``every`` > 0),
+    emulated temperatures (injections with a ``lead``) and announced tokens."""
+
+    def __init__(self, run_id: str, rank: int, device: str, every: int = 0,
+                 injections: list[Any] | None = None) -> None:
+        self.run_id, self.rank = run_id, rank
+        self.injections = [i for i in (injections or []) if getattr(i, "lead", 0)]
+        self.sampler = DeviceSampler(device, every) if every > 0 else None
+        self.rows: list[Row] = []
+
+    def begin_step(self, step: int) -> None:
+        """At a step's start: the emulated temperature now; a sample when one is due."""
+        if self.injections:
+            from bubblecast.runtime.inject import temperatures
+
+            temp = temperatures(self.injections, self.rank, step)
+            if temp is not None:
+                self.rows.append((step, "temperature_c", temp))
+        if self.sampler is not None:
+            self.sampler.request(step)
+
+    def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
+        self.rows.append((int(step), "tokens", float(tokens_per_microbatch)))
+
+    def frame(self) -> Any:
+        """Every row so far as a device-metrics frame (sorted by step)."""
+        if self.sampler is not None:
+            self.rows.extend(self.sampler.take())
+        self.rows.sort(key=lambda r: (r[0], r[1]))
+        return metric_frame(self.run_id, self.rank, self.rows)
+
+    def close(self, events_dir: Any = None) -> None:
+        """Stop sampling; write ``rank{r:04d}.metrics`` in ``events_dir`` when there are rows."""
+        if self.sampler is not None:
+            self.sampler.close()
+        frame = self.frame()
+        if events_dir is not None and len(frame):
+            from pathlib import Path
+
+            from bubblecast.telemetry.metrics import write_metrics
+
+            write_metrics(frame, Path(events_dir) / f"rank{self.rank:04d}.metrics")
+
+
+def metric_frame(run_id: str, rank: int, rows: list[Row]) -> Any:
+    """``(step, metric, value)`` rows as a device-metrics frame."""
+    import pandas as pd
+
+    from bubblecast.telemetry.metrics import empty
+
+    if not rows:
+        return empty()
+    step, metric, value = zip(*rows, strict=True)
+    return pd.DataFrame({"run_id": run_id, "step": list(step), "rank": rank,
+                         "metric": list(metric), "value": list(value)})

@@ -1,0 +1,49 @@
+"""The recorder's device-metric rows: emulated thermal lead, announced tokens, CPU sampling."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubblecast.errors import BubblecastError
+from bubblecast.runtime.inject import T_THROTTLE, parse_inject
+from bubblecast.runtime.sampler import MetricLog, cpu_readings
+from bubblecast.telemetry.metrics import read_metrics
+
+
+def test_lead_heats_before_the_slowdown_and_crosses_the_threshold_at_start():
+    inj = parse_inject("rank=1,factor=2,start=100,ramp=10,lead=30")[0]
+    assert inj.temperature(60) == inj.temperature(70) == 75.0
+    assert 75.0 < inj.temperature(85) < T_THROTTLE
+    assert inj.multiplier(85) == 1.0  # hot, not yet slow: the signal leads
+    assert inj.temperature(100) == T_THROTTLE and inj.multiplier(100) > 1.0
+    assert parse_inject("rank=1,factor=2")[0].temperature(50) is None
+    assert "lead" not in parse_inject("rank=1,factor=2")[0].to_json()  # old specs unchanged
+
+
+def test_lead_only_with_a_slowdown():
+    with pytest.raises(BubblecastError, match="lead"):
+        parse_inject("rank=0,every=10,extra=0.5,lead=5")
+
+
+def test_metric_log_writes_emulated_temperature_and_tokens(tmp_path):
+    log = MetricLog("r", 1, "cpu", every=0, injections=parse_inject(
+        "rank=1,factor=2,start=20,lead=10"))
+    for step in range(30):
+        log.begin_step(step)
+        log.announce_tokens(step + 5, 128)
+    log.close(tmp_path)
+    frame = read_metrics(tmp_path)
+    temp = frame[frame["metric"] == "temperature_c"].set_index("step")["value"]
+    assert len(temp) == 30 and temp[5] == 75.0 and temp[20] == T_THROTTLE
+    assert frame.loc[frame["metric"] == "tokens", "step"].max() == 34
+
+
+def test_cpu_sampling_runs_off_the_training_thread(tmp_path):
+    log = MetricLog("r", 0, "cpu", every=5)
+    for step in range(11):
+        log.begin_step(step)
+    log.close(tmp_path)
+    frame = read_metrics(tmp_path)
+    if not cpu_readings():
+        pytest.skip("this machine offers no CPU readings")
+    assert sorted(frame["step"].unique()) == [0, 5, 10]
