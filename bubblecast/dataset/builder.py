@@ -61,17 +61,12 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
     return frame, meta
 
 
-def build_unit(unit: Any, format: str, config: DatasetConfig, tmp: str,
-               skip_bad: bool = False) -> dict[str, Any]:
-    """One unit of a partitioned build (a fleet run, or a file of runs), on any worker: read
-    it, build its features and write one part per run under ``tmp``; return what the reduce
-    needs (rows, row hashes, run ids and run info), never the rows themselves."""
-    from pathlib import Path
-
-    from bubblecast.dataset.store import row_hashes, write_features
+def _load_unit(unit: Any, format: str, config: DatasetConfig, skip_bad: bool
+               ) -> tuple[Events | None, Any, list[dict[str, Any]]]:
+    """A unit's events and covariate metrics; an unreadable one raises naming the run and
+    file, or (``skip_bad``) comes back as a skipped entry."""
     from bubblecast.errors import BubblecastError
-    from bubblecast.telemetry.fleet import PART_NAME, run_dir_name
-    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+    from bubblecast.telemetry.importers import load_events, require_per_op
 
     try:
         events = load_events(unit.path, format)
@@ -80,24 +75,64 @@ def build_unit(unit: Any, format: str, config: DatasetConfig, tmp: str,
         where = f"run '{unit.run_id}': " if unit.run_id is not None else ""
         if not skip_bad:
             raise BubblecastError(f"{where}{exc}") from None
-        return {"skipped": [{"run_id": unit.run_id, "path": str(unit.path), "error": str(exc)}]}
+        return None, None, [{"run_id": unit.run_id, "path": str(unit.path), "error": str(exc)}]
     metrics = None
     if config.covariates != "none":
         from bubblecast.telemetry.metrics import read_metrics
 
         metrics = read_metrics(unit.path)
-    frame, meta = build_dataset(events, config, metrics=metrics)
+    return events, metrics, []
+
+
+def build_unit(units: list[Any], format: str, config: DatasetConfig, tmp: str,
+               skip_bad: bool = False) -> dict[str, Any]:
+    """A group of units of a partitioned build (fleet runs, or a file of runs), on any worker:
+    read them, build their features at once and write one part per run under ``tmp``; return
+    what the reduce needs (rows, row hashes, run ids and run info), never the rows."""
+    from pathlib import Path
+
+    from bubblecast.dataset.store import fingerprint_of, row_hashes, write_features
+    from bubblecast.telemetry.fleet import PART_NAME, run_dir_name
+    from bubblecast.telemetry.importers import timing_of
+
+    loaded, skipped = [], []
+    for unit in units:
+        events, metrics, bad = _load_unit(unit, format, config, skip_bad)
+        skipped += bad
+        if events is not None:
+            loaded.append((events, metrics))
+    if not loaded:
+        return {"skipped": skipped}
+    if len(loaded) == 1 or all(m is None for _, m in loaded):
+        events = loaded[0][0] if len(loaded) == 1 else Events.concat([e for e, _ in loaded])
+        frame, meta = build_dataset(events, config, metrics=loaded[0][1])
+    else:  # covariate metrics are per unit: build each, then join the frames
+        built = [build_dataset(e, config, metrics=m) for e, m in loaded]
+        frame = pd.concat([f for f, _ in built], ignore_index=True)
+        events = Events.concat([e for e, _ in loaded])
+        meta = FeaturesMeta(config=config, fingerprint="", runs=[r for _, m in built
+                                                                 for r in m.runs],
+                            run_info={k: v for _, m in built for k, v in m.run_info.items()})
     hashes = row_hashes(frame)
-    for run_id, part in frame.groupby("run_id", sort=False, observed=True):
-        part = part.reset_index(drop=True)
+    codes = frame["run_id"].astype(str).to_numpy()
+    for run_id in pd.unique(codes):
+        rows = codes == run_id
+        part = frame.loc[rows].reset_index(drop=True)
         part.attrs = {}
-        part_meta = FeaturesMeta(config=config, fingerprint=fingerprint(part, config),
-                                 runs=[str(run_id)], run_info={str(run_id): meta.run_info.get(
-                                     str(run_id), {})})
+        part_meta = FeaturesMeta(config=config, fingerprint=fingerprint_of([hashes[rows]],
+                                 config), runs=[str(run_id)],
+                                 run_info={str(run_id): meta.run_info.get(str(run_id), {})})
         write_features(part, part_meta, Path(tmp) / run_dir_name(str(run_id)) / PART_NAME)
     return {"runs": meta.runs, "rows": len(frame), "hashes": hashes,
-            "run_info": meta.run_info, "timing": timing_of(events), "skipped": [],
+            "run_info": meta.run_info, "timing": timing_of(events), "skipped": skipped,
             "features": sum(c.startswith(("f_", "x")) for c in frame.columns)}
+
+
+def groups_of(units: list[Any], workers: int, most: int = 16) -> list[list[Any]]:
+    """Consecutive units in groups: about four per worker, at most ``most`` units each (so a
+    task's memory does not grow with the fleet); order kept."""
+    size = max(1, min(most, -(-len(units) // (4 * max(1, workers)))))
+    return [units[i:i + size] for i in range(0, len(units), size)]
 
 
 def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executor: Any,
@@ -115,8 +150,8 @@ def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executo
 
     units = units_of(paths)
     with partition_tmp(out) as tmp:
-        results = executor.map(build_unit, units, format, config, str(tmp), skip_bad,
-                               label="features")
+        results = executor.map(build_unit, groups_of(units, executor.workers), format, config,
+                               str(tmp), skip_bad, label="features")
         done = [r for r in results if "runs" in r]
         skipped = [s for r in results for s in r["skipped"]]
         runs = [run for r in done for run in r["runs"]]
