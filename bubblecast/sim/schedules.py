@@ -119,21 +119,27 @@ def vstage_ranks(name: str, stages: int, chunks: int) -> np.ndarray:
     """``(stages * chunks,)``: the rank running each virtual stage of schedule ``name``
     (looped ``v % P``; V-shape ``v`` then ``2P - 1 - v``; a ``torch:``/``csv:`` order as it
     places them). Unknown names are taken as looped."""
-    spec = lookup_schedule(name)
     v = np.arange(stages * chunks)
-    if spec is not None and spec.style == "v" and chunks == 2:
-        return np.where(v < stages, v, 2 * stages - 1 - v)
+    spec = lookup_schedule(name)
+    style = spec.style if spec is not None else "loop"
     if is_sourced(name):
-        table = np.asarray(_SOURCED_PLACEMENT.get(name, ()), dtype=np.int64)
-        if table.shape == (stages, chunks):
-            out = np.empty(stages * chunks, dtype=np.int64)
-            out[table] = np.arange(stages)[:, None]
-            return out
+        from bubblecast.sim import actions
+
+        kind, _, arg = name.partition(":")
+        if kind == "torch":
+            style = actions.TORCH_MULTI.get(arg, "loop")
+        else:
+            try:
+                table = np.asarray(actions.csv_lanes(arg)[1], dtype=np.int64)
+            except BubblecastError:
+                table = np.zeros(0)
+            if table.shape == (stages, chunks):
+                out = np.empty(stages * chunks, dtype=np.int64)
+                out[table] = np.arange(stages)[:, None]
+                return out
+    if style == "v" and chunks == 2:
+        return np.where(v < stages, v, 2 * stages - 1 - v)
     return v % stages
-
-
-#: Placement of the ``torch:``/``csv:`` orders built so far (read by :func:`vstage_ranks`).
-_SOURCED_PLACEMENT: dict[str, tuple[tuple[int, ...], ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -292,10 +298,8 @@ def _sourced(name: str, stages: int, microbatches: int, chunks: int) -> Schedule
             raise BubblecastError(f"--schedule {name}: the order has {got} for {field}, "
                                   f"{given} was given")
     try:
-        sched = Schedule(name, len(lanes), got_mb, got_chunks,
-                         tuple(tuple(lane) for lane in lanes), tuple(placement))
-        _SOURCED_PLACEMENT[name] = sched.placement
-        return sched
+        return Schedule(name, len(lanes), got_mb, got_chunks,
+                        tuple(tuple(lane) for lane in lanes), tuple(placement))
     except ValueError as exc:
         raise BubblecastError(f"--schedule {name}: {exc}") from None
 
