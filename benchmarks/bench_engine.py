@@ -124,6 +124,10 @@ def main() -> None:
               f"{r['engine_opmajor_ops_per_s'] / 1e6:>10.1f}"
               f"{r['reference_ops_per_s'] / 1e6:>11.2f}{r['speedup']:>8.0f}x"
               f"{r['speedup_opmajor']:>9.0f}x{alt['speedup']:>6.0f}x{alt['speedup_opmajor']:>9.0f}x")
+    cold = min(r["alternating"]["speedup_opmajor"] for r in engine)
+    cold_c = min(r["alternating"]["speedup"] for r in engine)
+    print(f"cold caches (alternating), slowest schedule: {cold:.0f}x with op-major input (the "
+          f"layout simulate_events builds), {cold_c:.0f}x with C-ordered (steps, ops) input")
     print(f"simulate 1f1b {sim['steps']} steps x 8 stages x 16 mb: {sim['events']} events in "
           f"{sim['simulate_s'] * 1e3:.0f} ms ({sim['events_per_s'] / 1e6:.2f} M events/s; "
           f"+ write {sim['write_s'] * 1e3:.0f} ms)")
@@ -131,7 +135,8 @@ def main() -> None:
                           "numpy": np.__version__},
               "timing": f"process CPU time, fastest of {args.repeat} runs, back to back "
                         "(top-level keys) and alternating with the reference ('alternating')",
-              "engine": engine, "simulate": sim}
+              "engine": engine, "simulate": sim,
+              "cold_speedup_min": {"opmajor": cold, "c_order": cold_c}}
     atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

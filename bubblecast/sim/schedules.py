@@ -42,9 +42,9 @@ from bubblecast.sim import orders, vshape
 from bubblecast.sim.engine import OpGraph
 from bubblecast.sim.orders import Op
 
-__all__ = ["KINDS", "SCHEDULES", "SIMULABLE", "Op", "Schedule", "ScheduleGraph", "ScheduleSpec",
-           "build_graph", "build_schedule", "check_schedule", "lookup_schedule",
-           "schedule_graph", "to_torch_actions"]
+__all__ = ["KINDS", "SCHEDULES", "SIMULABLE", "SPLIT_BACKWARD", "Op", "Schedule", "ScheduleGraph",
+           "ScheduleSpec", "build_graph", "build_schedule", "check_schedule", "is_sourced",
+           "lookup_schedule", "schedule_graph", "to_torch_actions", "vstage_ranks"]
 
 KINDS: tuple[str, ...] = ("F", "B", "W")
 
