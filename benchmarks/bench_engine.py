@@ -55,15 +55,30 @@ def _fastest(fns: list, repeat: int, alternate: bool) -> list[tuple[float, objec
     """Fastest CPU time of each function over ``repeat`` runs, with the output of its last run.
     ``alternate``: the functions take turns within each round (each then starts with caches the
     others left: the engine's working arrays evicted by the reference loop); else each runs its
-    ``repeat`` runs back to back, as ``timeit`` does (its own steady state)."""
+    ``repeat`` runs back to back, as ``timeit`` does (its own steady state). Every run's time
+    is appended to ``ROUNDS`` (per function) for the spread."""
     best = [(float("inf"), None)] * len(fns)
+    ROUNDS.clear()
+    ROUNDS.extend([] for _ in fns)
     order = ([k for _ in range(repeat) for k in range(len(fns))] if alternate
              else [k for k in range(len(fns)) for _ in range(repeat)])
     for k in order:
         t0 = time.process_time()
         out = fns[k]()
-        best[k] = (min(best[k][0], time.process_time() - t0), out)
+        took = time.process_time() - t0
+        ROUNDS[k].append(took)
+        best[k] = (min(best[k][0], took), out)
     return best
+
+
+#: Per-function run times of the last :func:`_fastest` call.
+ROUNDS: list[list[float]] = []
+
+
+def _spread(ref: list[float], eng: list[float]) -> list[float]:
+    """Min and max over rounds of the per-round speed-up (reference / engine)."""
+    ratios = [r / e for r, e in zip(ref, eng, strict=True) if e > 0]
+    return [min(ratios), max(ratios)] if ratios else [float("nan")] * 2
 
 
 def bench_engine(steps: int, repeat: int, p: int = 8, m: int = 16) -> list[dict]:
@@ -80,6 +95,8 @@ def bench_engine(steps: int, repeat: int, p: int = 8, m: int = 16) -> list[dict]
         (t_eng, (s1, e1)), (t_f, _), (t_ref, (s2, e2)) = _fastest(fns, repeat, alternate=False)
         assert np.array_equal(s1, s2) and np.array_equal(e1, e2), name
         (a_eng, _), (a_f, _), (a_ref, _) = _fastest(fns, repeat, alternate=True)
+        spread = {"speedup": _spread(ROUNDS[2], ROUNDS[0]),
+                  "speedup_opmajor": _spread(ROUNDS[2], ROUNDS[1])}
         ops = steps * n
         rows.append({"schedule": name, "chunks": v, "stages": p, "microbatches": m,
                      "steps": steps, "ops": ops, "engine_s": t_eng, "engine_opmajor_s": t_f,
@@ -88,7 +105,8 @@ def bench_engine(steps: int, repeat: int, p: int = 8, m: int = 16) -> list[dict]
                      "speedup": t_ref / t_eng, "speedup_opmajor": t_ref / t_f,
                      "alternating": {"engine_s": a_eng, "engine_opmajor_s": a_f,
                                      "reference_s": a_ref, "speedup": a_ref / a_eng,
-                                     "speedup_opmajor": a_ref / a_f}})
+                                     "speedup_opmajor": a_ref / a_f,
+                                     "per_round_spread": spread}})
     return rows
 
 
@@ -124,6 +142,11 @@ def main() -> None:
               f"{r['engine_opmajor_ops_per_s'] / 1e6:>10.1f}"
               f"{r['reference_ops_per_s'] / 1e6:>11.2f}{r['speedup']:>8.0f}x"
               f"{r['speedup_opmajor']:>9.0f}x{alt['speedup']:>6.0f}x{alt['speedup_opmajor']:>9.0f}x")
+    for r in engine:
+        sp = r["alternating"]["per_round_spread"]
+        print(f"  {r['schedule']:<16} alternating rounds: {sp['speedup'][0]:.0f}-"
+              f"{sp['speedup'][1]:.0f}x C-ordered, {sp['speedup_opmajor'][0]:.0f}-"
+              f"{sp['speedup_opmajor'][1]:.0f}x op-major")
     cold = min(r["alternating"]["speedup_opmajor"] for r in engine)
     cold_c = min(r["alternating"]["speedup"] for r in engine)
     print(f"cold caches (alternating), slowest schedule: {cold:.0f}x with op-major input (the "
