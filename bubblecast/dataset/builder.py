@@ -91,7 +91,10 @@ def build_unit(units: list[Any], format: str, config: DatasetConfig, tmp: str,
     what the reduce needs (rows, row hashes, run ids and run info), never the rows."""
     from pathlib import Path
 
-    from bubblecast.dataset.store import fingerprint_of, row_hashes, write_features
+    import numpy as np
+    import pyarrow as pa
+
+    from bubblecast.dataset.store import fingerprint_of, row_hashes, write_features_table
     from bubblecast.telemetry.fleet import PART_NAME, run_dir_name
     from bubblecast.telemetry.importers import timing_of
 
@@ -114,15 +117,19 @@ def build_unit(units: list[Any], format: str, config: DatasetConfig, tmp: str,
                                                                  for r in m.runs],
                             run_info={k: v for _, m in built for k, v in m.run_info.items()})
     hashes = row_hashes(frame)
+    frame.attrs = {}
+    table = pa.Table.from_pandas(frame, preserve_index=False)  # once for the group
     codes = frame["run_id"].astype(str).to_numpy()
-    for run_id in pd.unique(codes):
-        rows = codes == run_id
-        part = frame.loc[rows].reset_index(drop=True)
-        part.attrs = {}
+    order = np.argsort(codes, kind="stable")  # rows of a run, in frame order
+    edges = np.flatnonzero(codes[order][1:] != codes[order][:-1]) + 1
+    for rows in np.split(order, edges) if len(order) else []:
+        run_id = str(codes[rows[0]])
+        contiguous = rows[-1] - rows[0] + 1 == len(rows)
+        part = table.slice(rows[0], len(rows)) if contiguous else table.take(rows)
         part_meta = FeaturesMeta(config=config, fingerprint=fingerprint_of([hashes[rows]],
-                                 config), runs=[str(run_id)],
-                                 run_info={str(run_id): meta.run_info.get(str(run_id), {})})
-        write_features(part, part_meta, Path(tmp) / run_dir_name(str(run_id)) / PART_NAME)
+                                 config), runs=[run_id],
+                                 run_info={run_id: meta.run_info.get(run_id, {})})
+        write_features_table(part, part_meta, Path(tmp) / run_dir_name(run_id) / PART_NAME)
     return {"runs": meta.runs, "rows": len(frame), "hashes": hashes,
             "run_info": meta.run_info, "timing": timing_of(events), "skipped": skipped,
             "features": sum(c.startswith(("f_", "x")) for c in frame.columns)}

@@ -72,11 +72,17 @@ def fingerprint_of(hashes: list[np.ndarray], config: DatasetConfig) -> str:
 def write_features(frame: pd.DataFrame, meta: FeaturesMeta, path: str | os.PathLike[str]) -> Path:
     """Write the frame atomically as one Parquet file with ``meta`` in its key-value store."""
     import pyarrow as pa
+
+    return write_features_table(pa.Table.from_pandas(frame, preserve_index=False), meta, path)
+
+
+def write_features_table(table: Any, meta: FeaturesMeta, path: str | os.PathLike[str]) -> Path:
+    """:func:`write_features` of a frame already converted to Arrow (a partitioned build
+    converts a group of runs once and writes a zero-copy slice per run)."""
     import pyarrow.parquet as pq
 
     from bubblecast.telemetry.io import atomic_write
 
-    table = pa.Table.from_pandas(frame, preserve_index=False)
     schema_meta = dict(table.schema.metadata or {})
     schema_meta[METADATA_KEY] = json.dumps(meta.to_json(), sort_keys=True).encode()
     table = table.replace_schema_metadata(schema_meta)
