@@ -1,4 +1,8 @@
-"""Split conformal calibration of quantile intervals (conformalised quantile regression).
+"""Split conformal calibration of quantile intervals (conformalised quantile regression), and
+adaptive conformal inference online (:class:`AdaptiveConformal`).
+
+Models fitted now apply their shifts in ``interval`` mode (the median is clipped into the
+calibrated bounds, not the bounds to the median); models saved before keep ``shift`` mode.
 
 On held-out runs, the lower and upper quantile forecasts are shifted so that, with the usual
 finite-sample correction, at most ``(1 - coverage) / 2`` of the held-out targets fall below the
@@ -67,9 +71,16 @@ def grouped_shifts(lo: np.ndarray, hi: np.ndarray, y: np.ndarray, groups: np.nda
     return out
 
 
-def apply_grouped(q: np.ndarray, shifts: dict[str, tuple[float, float]], groups: np.ndarray
-                  ) -> np.ndarray:
-    """:func:`apply_shifts` with each row's group shifts (pooled ones for unknown groups)."""
+def apply_grouped(q: np.ndarray, shifts: dict[str, tuple[float, ...]], groups: np.ndarray,
+                  mode: str = "shift") -> np.ndarray:
+    """:func:`apply_shifts` with each row's group shifts (pooled ones for unknown groups).
+
+    ``mode="shift"`` (models saved before): a bound that would cross the median is clipped to
+    it, which undoes part of a narrowing (and over-covers where the median is biased);
+    ``mode="interval"`` (models fitted now): the calibrated bounds stay as they are and the
+    median is clipped into them instead (bounds that would cross meet at their middle), so the
+    interval covers what the calibration runs say.
+    """
     lo = np.array([shifts.get(str(int(g)), shifts["all"])[0] for g in range(groups.max() + 1)]) \
         if len(groups) else np.zeros(0)
     hi = np.array([shifts.get(str(int(g)), shifts["all"])[1] for g in range(groups.max() + 1)]) \
@@ -78,6 +89,83 @@ def apply_grouped(q: np.ndarray, shifts: dict[str, tuple[float, float]], groups:
     if len(groups):
         out[:, 0] -= lo[groups]
         out[:, 2] += hi[groups]
+    if mode == "interval":
+        middle = (out[:, 0] + out[:, 2]) / 2
+        crossed = out[:, 0] > out[:, 2]
+        out[crossed, 0] = out[crossed, 2] = middle[crossed]
+        out[:, 1] = np.clip(out[:, 1], out[:, 0], out[:, 2])
+        return out
     out[:, 0] = np.minimum(out[:, 0], out[:, 1])
     out[:, 2] = np.maximum(out[:, 2], out[:, 1])
     return out
+
+
+class AdaptiveConformal:
+    """Adaptive conformal inference online (Gibbs & Candes 2021), on the interval's scale.
+
+    Per horizon ``h`` it keeps a log scale factor ``theta_h`` (start 0: the model's own
+    interval) and, each time the target of an interval it issued is observed, updates
+    ``theta_h += gamma x (miss - (1 - coverage))`` (``miss``: the share of ranks whose value
+    fell outside): a miss widens the next intervals, a hit narrows them, and the long-run miss
+    rate is driven to ``1 - coverage`` whatever the model's calibration on the run at hand
+    (ACI's update applied to the score quantile, as in conformal quantile tracking,
+    Angelopoulos et al. 2023). Intervals are rescaled around the median in log space by
+    ``exp(theta_h)``; ``theta_h`` stays within ``[-3, 3]``.
+
+    Use: :meth:`adjust` the ``(H, P, 3)`` forecast made at origin ``t`` (step index) for
+    ``horizons``, then :meth:`observe` the ``(T, P)`` history at later origins; origins must
+    increase (a call at an earlier one, e.g. a backtest, is passed through unrecorded).
+    """
+
+    def __init__(self, coverage: float = 0.8, gamma: float = 0.02, keep: int = 64) -> None:
+        if not 0.0 < coverage < 1.0 or not gamma > 0:
+            raise ValueError(f"ACI: coverage in (0, 1) and gamma > 0, got {coverage}, {gamma}")
+        self.coverage = coverage
+        self.gamma = gamma
+        self.keep = keep
+        self.log_scale: dict[int, float] = {}
+        self.issued: dict[tuple[int, int], np.ndarray] = {}  # (origin, h) -> (P, 2) lo, hi
+        self.last_origin: int | None = None
+        self.misses: dict[int, list[float]] = {}
+
+    def adjust(self, q: np.ndarray, horizons: np.ndarray | list[int], origin: int
+               ) -> np.ndarray:
+        """``q`` ``(H, P, 3)`` (positive values) with each horizon's interval rescaled; the
+        result is recorded for :meth:`observe` when ``origin`` is a new, later one."""
+        q = np.asarray(q, dtype=np.float64)
+        logs = np.log(np.maximum(q, 1e-300))
+        out = logs.copy()
+        for j, h in enumerate(int(x) for x in horizons):
+            k = float(np.exp(self.log_scale.get(h, 0.0)))
+            out[j, :, 0] = logs[j, :, 1] - k * (logs[j, :, 1] - logs[j, :, 0])
+            out[j, :, 2] = logs[j, :, 1] + k * (logs[j, :, 2] - logs[j, :, 1])
+        result = np.exp(out)
+        if self.last_origin is None or origin > self.last_origin:
+            self.last_origin = int(origin)
+            for j, h in enumerate(int(x) for x in horizons):
+                self.issued[(int(origin), h)] = result[j, :, ::2].copy()
+            oldest = origin - self.keep
+            for key in [k for k in self.issued if k[0] < oldest]:
+                del self.issued[key]
+        return result
+
+    def observe(self, history: np.ndarray, now: int) -> None:
+        """Score every issued interval whose target step (``origin + h`` <= ``now``, the
+        index of ``history``'s last row) is now observed, and update the scales."""
+        hist = np.asarray(history, dtype=np.float64)
+        offset = now - (len(hist) - 1)
+        target = 1.0 - self.coverage
+        for (o, h) in sorted(k for k in self.issued if k[0] + k[1] <= now):
+            bounds = self.issued.pop((o, h))
+            row = o + h - offset
+            if row < 0:
+                continue
+            y = hist[row]
+            miss = float(np.mean((y < bounds[:, 0]) | (y > bounds[:, 1])))
+            self.misses.setdefault(h, []).append(miss)
+            theta = self.log_scale.get(h, 0.0) + self.gamma * (miss - target)
+            self.log_scale[h] = float(min(max(theta, -3.0), 3.0))
+
+    def coverage_by_horizon(self) -> dict[int, float]:
+        """Realised coverage of the intervals scored so far, per horizon."""
+        return {h: 1.0 - float(np.mean(m)) for h, m in self.misses.items() if m}

@@ -130,7 +130,14 @@ class LGBMForecaster(Forecaster):
             cal = np.sort(self._raw(x["cal"], h), axis=1)
             self.shifts_[h] = grouped_shifts(cal[:, 0], cal[:, 2], z[parts["cal"]],
                                              calibration_groups(sub["cal"]), self.coverage)
+        self.calibration_ = "interval"
         return self
+
+    @property
+    def calibration(self) -> str:
+        """How ``shifts_`` apply: ``interval`` (fitted now) or ``shift`` (models saved before,
+        or trained by :mod:`bubblecast.forecast.dask_train`)."""
+        return str(getattr(self, "calibration_", "shift"))
 
     def _raw(self, x: np.ndarray, h: int) -> np.ndarray:
         """``(n, 3)`` raw quantile scores of horizon ``h``'s inputs ``x``."""
@@ -162,7 +169,7 @@ class LGBMForecaster(Forecaster):
         out = {}
         for h in horizons:
             z = np.sort(self._raw(self._inputs(frame, h), h), axis=1)
-            z = apply_grouped(z, self.shifts_[h], groups)
+            z = apply_grouped(z, self.shifts_[h], groups, self.calibration)
             out[h] = level[:, None] * np.exp(z)
         return out
 
@@ -206,7 +213,7 @@ class LGBMForecaster(Forecaster):
         z = np.empty((n, len(hz), 3))
         for i, h in enumerate(hz):
             z[:, i] = apply_grouped(np.sort(self._raw(rows[i], h), axis=1), self.shifts_[h],
-                                    groups)
+                                    groups, self.calibration)
         return level[:, None, None] * np.exp(z)
 
     def _matrix_plan(self, hz: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -245,6 +252,7 @@ class LGBMForecaster(Forecaster):
                 "horizon_features_": self.horizon_features_,
                 "shifts_": {str(h): {g: list(v) for g, v in s.items()}
                             for h, s in self.shifts_.items()},
+                "calibration_": self.calibration,
                 "best_iterations_": self.best_iterations_}
 
     def load_state(self, state: dict[str, Any], directory: str) -> LGBMForecaster:
@@ -255,8 +263,9 @@ class LGBMForecaster(Forecaster):
         self.__dict__.pop("_rows", None)
         self.features_ = list(state["features_"])
         self.horizon_features_ = list(state["horizon_features_"])
-        self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}
+        self.shifts_ = {int(h): {g: tuple(float(x) for x in v) for g, v in s.items()}
                         for h, s in state["shifts_"].items()}
+        self.calibration_ = str(state.get("calibration_", "shift"))  # older models: shifts
         self.best_iterations_ = dict(state.get("best_iterations_", {}))
         self.boosters_ = {}
         for h in self.horizons_:

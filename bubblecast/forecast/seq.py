@@ -171,10 +171,17 @@ class SeqForecaster(Forecaster):
             torch.use_deterministic_algorithms(deterministic)
         lo_hi = self._raw(data["cal"][0], data["cal"][1])
         groups = calibration_groups(frame.iloc[rows["cal"]])
-        self.shifts_ = {h: grouped_shifts(lo_hi[:, j, 0], lo_hi[:, j, 2], data["cal"][2][:, j],
+        cal = np.sort(lo_hi, axis=2)
+        self.shifts_ = {h: grouped_shifts(cal[:, j, 0], cal[:, j, 2], data["cal"][2][:, j],
                                           groups, self.coverage)
                         for j, h in enumerate(self.horizons_)}
+        self.calibration_ = "interval"
         return self
+
+    @property
+    def calibration(self) -> str:
+        """How ``shifts_`` apply: ``interval`` (fitted now) or ``shift`` (models saved before)."""
+        return str(getattr(self, "calibration_", "shift"))
 
     def _train(self, data: dict[str, tuple[np.ndarray, ...]], rng: np.random.Generator) -> None:
         import torch
@@ -244,7 +251,8 @@ class SeqForecaster(Forecaster):
         out = {}
         for h in horizons:
             j = self.horizons_.index(h)
-            z = apply_grouped(raw[:, j, :], self.shifts_[h], groups)
+            z = apply_grouped(np.sort(raw[:, j, :], axis=1), self.shifts_[h], groups,
+                              self.calibration)
             out[h] = level[:, None] * np.exp(z)
         return out
 
@@ -263,7 +271,8 @@ class SeqForecaster(Forecaster):
                 "missing_": self.missing_, "n_channels_": self.n_channels_,
                 "n_static_": self.n_static_, "best_val_": self.best_val_,
                 "shifts_": {str(h): {g: list(v) for g, v in s.items()}
-                            for h, s in self.shifts_.items()}}
+                            for h, s in self.shifts_.items()},
+                "calibration_": self.calibration}
 
     @property
     def features_(self) -> list[str]:
@@ -283,8 +292,9 @@ class SeqForecaster(Forecaster):
         self.missing_ = [int(j) for j in state["missing_"]]
         self.n_channels_, self.n_static_ = int(state["n_channels_"]), int(state["n_static_"])
         self.best_val_ = float(state.get("best_val_", np.nan))
-        self.shifts_ = {int(h): {g: (float(v[0]), float(v[1])) for g, v in s.items()}
+        self.shifts_ = {int(h): {g: tuple(float(x) for x in v) for g, v in s.items()}
                         for h, s in state["shifts_"].items()}
+        self.calibration_ = str(state.get("calibration_", "shift"))  # older models: shifts
         net = _net(self.n_channels_, self.n_static_, self.hidden, len(self.horizons_))
         weights = torch.load(os.path.join(directory, WEIGHTS_FILE), map_location="cpu",
                              weights_only=True)

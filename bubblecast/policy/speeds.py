@@ -14,7 +14,11 @@ conversion for every caller, from one of two sources of the model's quantiles:
   ``state.t``; origins without a forecast fall back to another forecaster.
 
 Either way the model is asked only at the horizons it knows; the others are interpolated
-linearly between them and held flat outside (:func:`interpolate_horizons`). The last answer is
+linearly between them and held flat outside (:func:`interpolate_horizons`). At its own
+horizons the p10-p90 interval is recalibrated online by adaptive conformal inference
+(:attr:`ModelSpeeds.aci`, :class:`bubblecast.forecast.conformal.AdaptiveConformal`): each
+observed step scores the intervals issued for it and widens or narrows the next ones so that
+their coverage tracks 80% on the run at hand (``aci = None`` turns it off). The last answer is
 kept (:attr:`ModelSpeeds.asked`, :attr:`ModelSpeeds.last`) for callers that report it.
 """
 
@@ -98,6 +102,9 @@ class ModelSpeeds:
         self.fallback = fallback
         self.asked: np.ndarray = np.zeros(0)
         self.last: np.ndarray | None = None
+        from bubblecast.forecast.conformal import AdaptiveConformal
+
+        self.aci: AdaptiveConformal | None = AdaptiveConformal()
 
     @property
     def min_window(self) -> int:
@@ -106,6 +113,9 @@ class ModelSpeeds:
 
     def forecast(self, state: Any, horizons: Sequence[int] | np.ndarray) -> np.ndarray:
         """``(H, P, 3)`` sorted speed quantiles at ``horizons`` after ``state``."""
+        history = getattr(state, "history", None)
+        if self.aci is not None and history is not None and len(history):
+            self.aci.observe(history, int(state.t))
         if self.table is not None:
             out = self._from_table(state, horizons)
         else:
@@ -130,6 +140,8 @@ class ModelSpeeds:
         q = checked_quantiles(self.model.predict_window(w, ask.tolist()), w.stages, len(ask))
         speed = q * (w.load[-1] / w.microbatches)[:, None, None]  # (P, Ha, 3)
         speed = np.transpose(speed, (1, 0, 2))  # (Ha, P, 3)
+        if self.aci is not None and t is not None:
+            speed = self.aci.adjust(speed, ask, int(t))
         if known is not None:
             speed = interpolate_horizons(speed, ask, hz)
         return np.sort(speed, axis=2)
@@ -141,6 +153,8 @@ class ModelSpeeds:
         if t >= len(table) or not np.all(np.isfinite(table[t])):  # type: ignore[arg-type]
             return self.fallback.forecast(state, hz)
         q = table[t]  # type: ignore[index]
+        if self.aci is not None:
+            q = self.aci.adjust(q, self.horizons_model, t)  # type: ignore[arg-type]
         return np.sort(interpolate_horizons(q, self.horizons_model, hz), axis=2)
 
 

@@ -50,3 +50,22 @@ def test_conformal_narrows_intervals_that_are_too_wide():
     y = rng.normal(size=5000)
     s_lo, s_hi = conformal_shifts(np.full(5000, -10.0), np.full(5000, 10.0), y)
     assert s_lo < -8 and s_hi < -8
+
+
+def test_interval_mode_keeps_the_calibrated_bounds_when_the_median_is_biased():
+    from bubblecast.forecast.conformal import apply_grouped, grouped_shifts
+
+    rng = np.random.default_rng(2)
+    n = 20000
+    y = rng.normal(0, 1, size=2 * n)
+    # Median forecast biased up by 1.5 sd, p10-p90 far too wide around it.
+    q = np.column_stack([np.full(2 * n, -3.0), np.full(2 * n, 1.5), np.full(2 * n, 4.0)])
+    groups = np.zeros(2 * n, dtype=np.int64)
+    shifts = grouped_shifts(q[:n, 0], q[:n, 2], y[:n], groups[:n], 0.8)
+    new = apply_grouped(q[n:], shifts, groups[n:], "interval")
+    old = apply_grouped(q[n:], shifts, groups[n:], "shift")
+    inside = np.mean((y[n:] >= new[:, 0]) & (y[n:] <= new[:, 2]))
+    assert 0.79 < inside < 0.81
+    assert np.all((new[:, 0] <= new[:, 1]) & (new[:, 1] <= new[:, 2]))
+    # The old mode clips p90 at the biased median: the narrowing is undone, over-covering.
+    assert np.mean((y[n:] >= old[:, 0]) & (y[n:] <= old[:, 2])) > 0.83
