@@ -3,22 +3,22 @@
 :func:`create_app` wires a :class:`~bubblecast.serve.predictor.Predictor` (or a source to load
 one from at start-up) to the routes. A pure-ASGI guard in front of every route checks the
 bearer token (constant-time), caps the request body (Content-Length and the bytes actually
-streamed) and records Prometheus metrics; handlers run the predictor directly on the event
-loop, since a forecast is a bounded sub-millisecond computation and a thread hop would cost
-more than it saves. A well-formed ``POST /v1/forecast`` is answered by the guard itself from
-the buffered body (pydantic parses the JSON; no routing or dependency solving); anything it
-declines goes to the FastAPI route, so errors and the OpenAPI schema stay the route's. Reloads
-run in a worker thread and swap the model in one assignment.
+streamed) and records Prometheus metrics. Forecasts run directly on the event loop, since a
+forecast is a bounded sub-millisecond computation and a thread hop would cost more than it
+saves; a recommendation (the policy's solver and timing engine, up to about a second for the
+largest request the schema allows) runs in the thread pool so the loop keeps answering. A
+well-formed ``POST /v1/forecast`` is answered by the guard itself from the buffered body
+(pydantic parses the JSON; no routing or dependency solving); anything it declines goes to the
+FastAPI route, so errors and the OpenAPI schema stay the route's. Reloads run in a worker
+thread and swap the model in one assignment.
 """
 
 from __future__ import annotations
 
 import gc
-import hmac
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,9 @@ from starlette.concurrency import run_in_threadpool
 from bubblecast import __version__
 from bubblecast.errors import BubblecastError
 from bubblecast.serve.errors import error_body, validation_body
+from bubblecast.serve.guard import JSON, OPEN_ROUTES, Guard, authorized, bearer
 from bubblecast.serve.metrics import Metrics
+from bubblecast.serve.openapi import service_openapi
 from bubblecast.serve.predictor import Predictor
 from bubblecast.serve.schemas import (
     ErrorResponse,
@@ -46,14 +48,6 @@ log = logging.getLogger("bubblecast.serve")
 
 ROUTES = ("/v1/forecast", "/v1/recommend", "/v1/model", "/v1/admin/reload", "/healthz",
           "/readyz", "/metrics", "/openapi.json", "/docs")
-#: Routes answered without the bearer token: liveness and readiness probes reveal nothing.
-OPEN_ROUTES = frozenset({"/healthz", "/readyz"})
-JSON = "application/json"
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 @dataclass
@@ -71,122 +65,6 @@ class ServeConfig:
             raise BubblecastError(f"--max-body-bytes: must be >= 1024, got {self.max_body_bytes}")
         if self.watch_interval_s is not None and not self.watch_interval_s > 0:
             raise BubblecastError(f"--watch-interval: must be > 0, got {self.watch_interval_s}")
-
-
-async def _reply(send: Send, status: int, body: bytes,
-                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
-
-
-#: A hot-route handler: the JSON reply bytes for a body, or None to let the app answer.
-FastHandler = Callable[[bytes], "bytes | None"]
-
-
-def _json_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """True when FastAPI would read the body as plain JSON: no content-type, or exactly one
-    whose media type is ``application/json``."""
-    types = [v for k, v in headers if k.lower() == b"content-type"]
-    return not types or (len(types) == 1 and
-                         types[0].split(b";", 1)[0].strip().lower() == b"application/json")
-
-
-class Guard:
-    """ASGI middleware: auth (401), body cap (413) and metrics, before any route runs.
-
-    ``fast`` maps POST paths to handlers that answer a well-formed request straight from the
-    buffered body (no routing, no dependency solving, JSON parsed by pydantic's own parser);
-    whatever a handler declines (None) goes to the FastAPI route, which gives the exact
-    status and error body.
-    """
-
-    def __init__(self, app: Any, metrics: Metrics, config: ServeConfig,
-                 fast: dict[str, FastHandler] | None = None) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.expected = f"Bearer {config.token.strip()}".encode() if config.token else None
-        self.limit = config.max_body_bytes
-        self.fast = dict(fast or {})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = [500]
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self._guarded(scope, receive, send_status)
-        finally:
-            self.metrics.observe(scope.get("method", "?"), self.metrics.route(scope["path"]),
-                                 status[0], time.perf_counter() - t0)
-
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers") or [])
-        if self.expected is not None and scope["path"] not in OPEN_ROUTES:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                await _reply(send, 401, error_body("missing or wrong bearer token",
-                                                   "Authorization"),
-                             [(b"www-authenticate", b"Bearer")])
-                return
-        if scope.get("method") in ("POST", "PUT", "PATCH"):
-            length = headers.get(b"content-length")
-            if length is not None:
-                try:
-                    declared = int(length)
-                except ValueError:
-                    await _reply(send, 400, error_body("not an integer", "Content-Length"))
-                    return
-                if declared > self.limit:
-                    await self._too_large(send)
-                    return
-            chunks, size = [], 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body = message.get("body", b"")
-                size += len(body)
-                if size > self.limit:
-                    await self._too_large(send)
-                    return
-                chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-            data = b"".join(chunks)
-            handler = self.fast.get(scope["path"]) if scope.get("method") == "POST" else None
-            if handler is not None and _json_body(scope.get("headers") or []):
-                out = handler(data)
-                if out is not None:
-                    await _reply(send, 200, out)
-                    return
-            receive = _replay(data, receive)
-        await self.app(scope, receive, send)
-
-    async def _too_large(self, send: Send) -> None:
-        await _reply(send, 413, error_body(f"request body over {self.limit} bytes", "body"))
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the buffered body once, then defers to the real one."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def settle_heap() -> None:
@@ -282,7 +160,7 @@ def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] |
     return lifespan
 
 
-def _routes(app: FastAPI, svc: Service, metrics: Metrics) -> None:
+def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None) -> None:
     """Error handlers, the two prediction routes and the probes."""
 
     @app.exception_handler(RequestValidationError)
@@ -303,9 +181,12 @@ def _routes(app: FastAPI, svc: Service, metrics: Metrics) -> None:
     @app.post("/v1/recommend", response_model=RecommendResponse, responses=_ERRORS)
     async def recommend(request: RecommendRequest) -> Response:
         """The action to take now (SPEC action JSON), step times with and without it."""
-        if svc.predictor is None:
+        predictor = svc.predictor
+        if predictor is None:
             return _unready()
-        return _json(svc.predictor.recommend(request))
+        # Up to ~1 s of policy work (8 stages, 1,024 layers, 1,024 microbatches): in the
+        # thread pool, so probes and forecasts keep being answered meanwhile.
+        return _json(await run_in_threadpool(predictor.recommend, request))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -313,11 +194,15 @@ def _routes(app: FastAPI, svc: Service, metrics: Metrics) -> None:
         return {"status": "ok"}
 
     @app.get("/readyz")
-    async def readyz() -> Response:
-        """Readiness: 200 once a model is loaded, else 503."""
+    async def readyz(request: Request) -> Response:
+        """Readiness: 200 once a model is loaded, else 503. The model's name and version (or
+        why loading failed) only with the bearer token, when one is configured."""
+        told = authorized(dict(request.scope.get("headers") or []), expected)
         if svc.predictor is None:
-            return Response(error_body(svc.load_error or "loading"), status_code=503,
-                            media_type=JSON)
+            why = (svc.load_error or "loading") if told else "not ready"
+            return Response(error_body(why), status_code=503, media_type=JSON)
+        if not told:
+            return JSONResponse({"ready": True})
         info = svc.predictor.info
         return JSONResponse({"ready": True, "model": info.name, "version": info.version})
 
@@ -375,8 +260,11 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
                   description="Forecasts of pipeline-stage delays and recommended actions.")
     app.state.service = svc
 
-    _routes(app, svc, metrics)
+    _routes(app, svc, metrics, bearer(config.token))
     _model_routes(app, svc, source)
+    app.openapi = service_openapi(  # type: ignore[method-assign]
+        app, OPEN_ROUTES, config.token is not None,
+        lambda: None if svc.predictor is None else int(svc.predictor.loaded.model.min_window))
 
     def fast_forecast(body: bytes) -> bytes | None:
         """``/v1/forecast`` for a valid request; None (the route answers) on anything else."""
@@ -388,6 +276,6 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
         except Exception:  # noqa: BLE001 - the route repeats it and answers with the error
             return None
 
-    app.add_middleware(Guard, metrics=metrics, config=config,
-                       fast={"/v1/forecast": fast_forecast})
+    app.add_middleware(Guard, metrics=metrics, token=config.token,
+                       max_body_bytes=config.max_body_bytes, fast={"/v1/forecast": fast_forecast})
     return app

@@ -17,8 +17,13 @@ error there is worse than the naive forecast's; its verdict is in the reason.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 
+from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition, action_to_json
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
@@ -29,6 +34,45 @@ from bubblecast.policy.speeds import ModelSpeeds
 from bubblecast.serve.inputs import Loaded, check_servable, request_window
 from bubblecast.serve.schemas import RecommendRequest, RecommendResponse, RequestError
 from bubblecast.sim.steptime import predicted_step, timing_shape
+
+
+class TokensAhead:
+    """The served model with the request's tokens known ahead re-aligned to the horizons it
+    is asked at. ``next_tokens`` follows the request's ``horizons`` (any order), while the
+    policy asks the model at its own horizons (the model's sorted ones, or the policy's): each
+    asked horizon gets its known value, NaN (not known) for the others; windows cut at an
+    earlier origin (the forecast guard's backtests) get none, as before."""
+
+    def __init__(self, model: Any, ahead: dict[int, float], steps: int) -> None:
+        self.model = model
+        self.ahead = ahead
+        self.steps = steps
+        self.horizons = model.horizons
+        self.min_window = model.min_window
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def predict_window(self, window: Window, horizons: list[int]) -> np.ndarray:
+        if window.steps == self.steps and window.tokens is not None:
+            values = np.array([self.ahead.get(int(h), np.nan) for h in horizons])
+            if np.isfinite(values).any():
+                window = replace(window, next_tokens=values)
+        return self.model.predict_window(window, horizons)
+
+
+#: Response number -> the request field it is computed from (named when it overflows).
+_SOURCES = {"step_time_s": "ranks", "step_time_with_action_s": "ranks",
+            "migration_s": "migration", "saving_s": "policy.horizon"}
+
+
+def _checked(numbers: dict[str, float]) -> dict[str, float]:
+    """``numbers`` when all are finite; RequestError naming the request field otherwise
+    (a non-finite float would leave as JSON null)."""
+    for name, value in numbers.items():
+        if not math.isfinite(value):
+            raise RequestError(_SOURCES[name], f"{name} overflows for this request")
+    return numbers
 
 
 def _costs(req: RecommendRequest) -> np.ndarray:
@@ -85,25 +129,34 @@ def recommend(loaded: Loaded, req: RecommendRequest) -> RecommendResponse:
     held = stage_work(tuple(req.partition), costs.sum(axis=1))
     held = held.reshape(pipe.chunks, pipe.stages).sum(axis=0)
     _, window = request_window(req, default_cost=np.maximum(held, 1e-12))
+    ahead = {} if req.next_tokens is None else dict(zip(req.horizons, req.next_tokens,
+                                                       strict=True))
+    window = replace(window, next_tokens=None)  # TokensAhead gives them per asked horizon
     speeds = window.compute / (window.cost * pipe.microbatches)  # (T, P) the policy's unit
-    forecaster = ModelSpeeds(model, window=window)
+    forecaster = ModelSpeeds(TokensAhead(model, ahead, window.steps), window=window)
     p = req.policy
     policy = PredictivePolicy(forecaster=forecaster, horizon=p.horizon, risk=p.risk,
                               margin=p.margin, min_gain=p.min_gain, hold=p.hold,
                               min_history=p.min_history)
-    try:
-        state = _state(req, speeds, costs)
-        decision = policy.decide(state)
+    try:  # overflow is checked on the numbers that come out, not warned about on the way
+        with np.errstate(over="ignore", invalid="ignore"):
+            state = _state(req, speeds, costs)
+            decision = policy.decide(state)
+            if decision.predicted_step_s is None:  # kept the plan before predicting it
+                decision = _keep_numbers(state, forecaster, req, decision)
+    except RequestError:
+        raise
     except BubblecastError as exc:
+        if str(exc).startswith("decision "):  # a predicted number that is not finite
+            raise RequestError("ranks", f"predicted step times overflow for this request "
+                               f"({exc})") from None
         field = getattr(exc, "field", None) or "partition"
         raise RequestError(field, str(exc)) from None
-    if decision.predicted_step_s is None:  # the policy kept the plan before predicting it
-        decision = _keep_numbers(state, forecaster, req, decision)
     step, after = decision.predicted_step_s, decision.predicted_step_with_action_s
     migration = decision.migration_s
     moves = isinstance(decision.action, Repartition)
     saving = (step - after) * p.horizon - migration if moves else 0.0  # type: ignore[operator]
-    return RecommendResponse(
-        model=loaded.ref, action=action_to_json(decision.action), step_time_s=step,
-        step_time_with_action_s=after, migration_s=migration, saving_s=float(saving),
-        horizon=p.horizon, reason=decision.reason)
+    numbers = _checked({"step_time_s": float(step), "step_time_with_action_s": float(after),
+                        "migration_s": float(migration), "saving_s": float(saving)})
+    return RecommendResponse(model=loaded.ref, action=action_to_json(decision.action),
+                             horizon=p.horizon, reason=decision.reason, **numbers)

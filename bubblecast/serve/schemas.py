@@ -165,6 +165,11 @@ class PolicyParams(_Strict):
 
 
 LayerCost = Annotated[float, Field(ge=0.0, le=MAX_WORK, allow_inf_nan=False)]
+#: Sizes on each branch of the union (array keywords minItems/maxItems in the schema); on the
+#: union itself pydantic wrote the string keywords minLength/maxLength, which bound nothing.
+LayerCosts = Annotated[list[LayerCost], Field(min_length=1, max_length=MAX_LAYERS)]
+LayerCostsFBW = Annotated[list[tuple[LayerCost, LayerCost, LayerCost]],
+                          Field(min_length=1, max_length=MAX_LAYERS)]
 
 
 class RecommendRequest(ForecastRequest):
@@ -173,8 +178,7 @@ class RecommendRequest(ForecastRequest):
     partition: list[Annotated[int, Field(ge=1, le=MAX_LAYERS)]] = Field(
         min_length=1, max_length=MAX_STAGES * MAX_CHUNKS,
         description="layers held per (virtual) stage, chunk-major for interleaved schedules")
-    layer_costs: list[LayerCost] | list[tuple[LayerCost, LayerCost, LayerCost]] = Field(
-        min_length=1, max_length=MAX_LAYERS,
+    layer_costs: LayerCosts | LayerCostsFBW = Field(
         description="cost per layer, or [F, B, W] cost per layer; a single cost is split "
         "by pipeline.op_weights")
     migration: Migration = Field(default_factory=Migration)

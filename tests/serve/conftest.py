@@ -86,3 +86,27 @@ def client(predictor):
 
     with TestClient(create_app(predictor)) as c:
         yield c
+
+
+@contextmanager
+def app_server(app, ready_timeout: float = 30.0) -> Iterator[int]:
+    """Serve ``app`` with uvicorn on a free loopback port in a thread of this process."""
+    import threading
+
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + ready_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield config.port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

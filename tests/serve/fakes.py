@@ -81,3 +81,36 @@ def recommend_request(stages: int = 4, layers_per_stage: int = 4, **kw: Any) -> 
     req["partition"] = [layers_per_stage] * stages
     req["layer_costs"] = [1.0] * (layers_per_stage * stages)
     return req
+
+
+class TokenAware(ScaledLast):
+    """Reads the tokens known ahead the way a feature model does: one value per horizon it is
+    asked, in that order (``zip(strict=True)``), so misaligned tokens fail or move answers.
+    p50 at horizon h = scale x last delay x next_tokens[h] / last tokens x (1 + h / 100)."""
+
+    def __init__(self, scale: float = 1.0, min_window: int = 60,
+                 horizons: tuple[int, ...] | None = (1, 5, 10)) -> None:
+        super().__init__(scale, min_window, horizons)
+
+    def predict_window(self, window, horizons: list[int]) -> np.ndarray:
+        last = window.delay[-1] * self.scale  # (P,)
+        ratios = np.ones((len(horizons), window.stages))
+        if window.next_tokens is not None and window.tokens is not None:
+            for i, (_, ahead) in enumerate(zip(horizons, window.next_tokens, strict=True)):
+                ratios[i] = np.where(np.isfinite(ahead), ahead, window.tokens[-1]) \
+                    / window.tokens[-1]
+        p50 = last[:, None] * ratios.T * (1 + np.asarray(horizons)[None, :] / 100)
+        return np.stack([p50 * 0.9, p50, p50 * 1.1], axis=-1)
+
+
+def token_request(stages: int = 1, steps: int = 60, horizons=(1, 5),
+                  next_tokens=(100.0, 100.0), seed: int = 0) -> dict[str, Any]:
+    """A recommend request whose ranks carry tokens (and tokens known ahead)."""
+    req = recommend_request(stages=stages, layers_per_stage=2, steps=steps,
+                            horizons=tuple(horizons), seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    tokens = rng.integers(50, 150, steps).astype(float).tolist()
+    for r in req["ranks"]:
+        r["tokens"] = tokens
+    req["next_tokens"] = list(next_tokens)
+    return req
