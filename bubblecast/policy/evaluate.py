@@ -5,7 +5,9 @@ the observed per-rank speeds so far and its partition, and decides; a repartitio
 the next step, which also pays the migration pause. The partitions chosen per step then give
 counterfactual op times (ground truth, or replay-rescaled for logged runs), timed in one batch.
 Per policy: mean step time (migration included), bubble fraction, speed-up over static, share
-of the oracle's gain captured, actions taken and migration seconds paid.
+of the oracle's gain captured, actions taken and migration seconds paid; for predictive also
+its forecast guard's counts (``guard``: decisions, those made by the reactive fallback while
+the model was worse than the naive forecast, moves the move budget blocked).
 """
 
 from __future__ import annotations
@@ -251,6 +253,10 @@ def aggregate(reports: list[dict[str, Any]], names: list[str]) -> dict[str, dict
             "migration_s": float(sum(p["migration_s"] for p in rows)),
             "runs": len(rows),
         }
+        guards = [p["guard"] for p in rows if "guard" in p]
+        if guards:  # the forecast guard's totals: decisions made by the fallback, blocked moves
+            out[name]["guard"] = {k: int(sum(g[k] for g in guards)) for k in
+                                  ("decisions", "fallback_decisions", "budget_blocked")}
     return out
 
 

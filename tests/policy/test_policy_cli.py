@@ -41,6 +41,11 @@ def test_json_keys_and_plot(runs_file, tmp_path, capsys):
     assert "built-in" in doc["forecaster"]
     assert png.stat().st_size > 1000
     assert doc["policies"]["static"]["speedup_vs_static"] == pytest.approx(1.0)
+    guard = doc["policies"]["predictive"]["guard"]  # the forecast guard's counts, per run too
+    assert guard["decisions"] > 0 and 0 <= guard["fallback_decisions"] <= guard["decisions"]
+    runs = doc["runs"].values()
+    assert sum(r["policies"]["predictive"]["guard"]["decisions"] for r in runs) \
+        == guard["decisions"]
 
 
 def test_policy_subset_and_measured_migration(runs_file, tmp_path, capsys):
