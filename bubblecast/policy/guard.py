@@ -233,7 +233,7 @@ class ForecastGuard:
             sel = np.asarray(recent)
             if sel.any():
                 rm = float(np.mean(np.asarray(err_m)[sel]))
-                rn = max(float(np.mean(np.asarray(err_n)[sel])), med_n)
+                rn = max(float(np.mean(np.asarray(err_n)[sel])), med_n, 1e-4)  # 0.01%: noise-free
                 trusted = trusted and rm <= c.recent_factor * rn
             status = GuardStatus(trusted, med_m, med_n, n)
         if not c.enabled:
