@@ -4,8 +4,10 @@ One launch runs this file as the job (``__main__`` below): for ``Schedule1F1B``,
 ``ScheduleGPipe`` and ``ScheduleInterleaved1F1B`` each rank trains a tiny MLP twice from the
 same initial weights, once bare and once inside ``bubblecast.record`` (only the public API),
 and compares losses and gradients bit for bit. The tests then read the recorded events with
-``bubblecast inspect --json`` and ``whatif --json``. A second launch runs the README example
-(``examples/record_pipeline.py``).
+``bubblecast inspect --json`` and ``whatif --json``. The same job records the other torch
+schedule classes (``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``,
+``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) for ``inspect``. A second launch runs the
+README example (``examples/record_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ EXAMPLE = HERE.parents[2] / "examples" / "record_pipeline.py"
 SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
              "interleaved": "ScheduleInterleaved1F1B"}
 STEPS, MICROBATCHES = 4, 4
+#: The other torch schedule classes (two stages per rank, loop or V placement): recorded only.
+OTHERS = {"ScheduleLoopedBFS": "loop", "ScheduleInterleavedZeroBubble": "loop",
+          "ScheduleZBVZeroBubble": "v", "ScheduleDualPipeV": "v"}
 
 pytestmark = pytest.mark.dist
 
@@ -69,6 +74,30 @@ def _train(name: str, rank: int, world: int, out: Path | None) -> tuple[list, li
     return losses, grads
 
 
+def _record_other(name: str, rank: int, world: int, out: Path) -> None:
+    """Two recorded steps of torch schedule class ``name`` (4 virtual stages on 2 ranks)."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    import bubblecast
+
+    n = 2 * world
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(n)]
+    mine = range(rank, n, world) if OTHERS[name] == "loop" else (rank, n - 1 - rank)
+    stages = [PipelineStage(layers[v], v, n, torch.device("cpu")) for v in mine]
+    schedule = getattr(schedules, name)(stages, MICROBATCHES,
+                                        loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD([p for s in stages for p in s.submod.parameters()], lr=0.1)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    with bubblecast.record(schedule, out=out, run_id=name, optimizer=opt):
+        for _ in range(2):
+            x, y = torch.randn(8, 8), torch.randn(8, 8)
+            schedule.step(*((x,) if first else ()), **({"target": y} if last else {}))
+            opt.step()
+            opt.zero_grad()
+
+
 def job(job_dir: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -85,6 +114,8 @@ def job(job_dir: Path) -> None:
         same = all(torch.equal(a, b) for x, y in zip(bare, recorded, strict=True)
                    for sa, sb in zip(x, y, strict=True) for a, b in zip(sa, sb, strict=True))
         result[name] = {"bit_equal": same, "n_losses": sum(len(v) for v in bare[0])}
+    for name in OTHERS:
+        _record_other(name, rank, world, job_dir / "telemetry")
     try:  # the same run_id again in the same place: refused on every rank, nothing run
         _train("1f1b", rank, world, job_dir / "telemetry")
     except bubblecast.BubblecastError as exc:
@@ -150,6 +181,25 @@ def test_events_are_read_by_inspect_and_whatif(recorded: Path, name: str,
     assert 0.0 <= summary["bubble_fraction"] < 1.0
     whatif = _cli_json(capsys, "whatif", str(path))
     assert whatif["observed_step_s"] > 0 and whatif["scenarios"]["ideal"]["speedup"] > 0
+
+
+@pytest.mark.parametrize("name", list(OTHERS))
+def test_every_other_schedule_class_is_recorded(recorded: Path, name: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from bubblecast import read_events
+
+    path = recorded / "telemetry" / f"run_id={name}"
+    events = read_events(path)
+    meta = events.runs[name]
+    assert (meta.stages, meta.chunks, meta.extra["torch_schedule"]) == (2, 2, name)
+    f = events.frame
+    per_rank = f.loc[f["op"] == "F"].groupby(["step", "rank"], observed=True).size()
+    assert per_rank.tolist() == [2 * MICROBATCHES] * 4  # 2 steps x 2 ranks, both chunks
+    assert sorted(set(f["chunk"])) == [0, 1]
+    split = name != "ScheduleLoopedBFS"  # the zero-bubble schedules split the backward
+    assert ((f["op"] == "W").sum() > 0) == split
+    summary = _cli_json(capsys, "inspect", str(path))
+    assert summary["steps"] == 2 and summary["stages"] == 2
 
 
 def test_a_second_recording_under_the_same_run_id_is_refused(recorded: Path) -> None:
