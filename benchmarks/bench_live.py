@@ -23,7 +23,11 @@ latency. Controller cost at ``--policy static``: the step-time ratio of the stat
 its controller to the one without (interleaved, same load), and each rank's seconds inside the
 controller (median phases per boundary) over the step time.
 
-    python benchmarks/bench_live.py [--quick] [--every 10] [--sequential]
+    python benchmarks/bench_live.py [--quick] [--every 10] [--sequential] [--lead 30]
+
+``--lead L``: the emulated device heats up L steps before the slowdown (``--inject ...,lead=L``;
+its temperature is recorded as a device metric and read by the predictive policy's
+:mod:`bubblecast.runtime.control.lead`); without it the plain ramp has no leading signal.
 
 Prints a table, writes benchmarks/results/live.json and live.png (``--quick``: live-quick.*).
 """
@@ -59,8 +63,11 @@ def train_config(steps: int, inject: str | None, run_id: str, hidden: int) -> An
                        layer_cost_every=10, seed=0)
 
 
-def inject_spec(scale: dict[str, int]) -> str:
-    return f"rank=1,factor=2.0,start={scale['start']},ramp={scale['ramp']},end={scale['end']}"
+def inject_spec(scale: dict[str, int], lead: int = 0) -> str:
+    """The slowdown; ``lead`` > 0: the emulated device heats up ``lead`` steps before it
+    (its temperature, a device metric, is the predictive policy's leading signal)."""
+    spec = f"rank=1,factor=2.0,start={scale['start']},ramp={scale['ramp']},end={scale['end']}"
+    return spec + (f",lead={lead}" if lead else "")
 
 
 # -- interleaved: one launch, one trainer per policy ------------------------------------------
@@ -120,7 +127,8 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str
     runs = {}
     for name in (*POLICIES, OFF, ORACLE):
         policy = name if name in POLICIES else "static"
-        config = train_config(scale["steps"], inject_spec(scale), f"live-{name}", args.hidden)
+        config = train_config(scale["steps"], inject_spec(scale, args.lead), f"live-{name}",
+                              args.hidden)
         runs[name] = {"config": config.to_json(), "enabled": name in POLICIES,
                       "control": ControllerConfig(policy=policy, every=args.every).to_json()}
     start, ramp = scale["start"], scale["ramp"]
@@ -146,8 +154,8 @@ def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         for name in POLICIES:
             print(f"running {name} ...", file=sys.stderr, flush=True)
-            config = train_config(scale["steps"], inject_spec(scale), f"live-{name}",
-                                  args.hidden)
+            config = train_config(scale["steps"], inject_spec(scale, args.lead),
+                                  f"live-{name}", args.hidden)
             s = launch_controlled(config, ControllerConfig(policy=name, every=args.every),
                                   Path(tmp) / f"{name}.parquet", timeout=1800)
             out[name] = {"step_s": np.diff(np.r_[0.0, s["step_end_s"]]).tolist(),
@@ -186,7 +194,8 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int) -> dict[st
             "control_pct_median": 100.0 * typical / (every * float(np.median(step))),
             "control": r["control"], "forecaster": r["forecaster"],
             "reasons": [{"step": d["step"], "action": d["action"]["action"],
-                         "reason": d["reason"], "speed_recent": d.get("speed_recent")}
+                         "reason": d["reason"], "speed_recent": d.get("speed_recent"),
+                         **({"lead": d["lead"]} if "lead" in d else {})}
                         for d in r["decisions"]],
         }
     base = out["static"]
@@ -259,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequential", action="store_true",
                     help="one `bubblecast run` launch per policy instead of interleaving")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
+    ap.add_argument("--lead", type=int, default=0,
+                    help="steps the emulated device heats up before the slowdown (0: none)")
     args = ap.parse_args(argv)
     scale = QUICK if args.quick else FULL
     out = args.out or RESULTS / ("live-quick.json" if args.quick else "live.json")
@@ -275,12 +286,18 @@ def main(argv: list[str] | None = None) -> int:
                  or pred["first_action_step"] < react["first_action_step"]),
              "predictive_responds_before_reactive": pred["first_response_step"] is not None
              and (react["first_response_step"] is None
-                  or pred["first_response_step"] < react["first_response_step"])}
+                  or pred["first_response_step"] < react["first_response_step"]),
+             "lead": args.lead,
+             "predictive_lead_steps": None if None in (pred["first_action_step"],
+                                                       react["first_action_step"])
+             else react["first_action_step"] - pred["first_action_step"],
+             "predictive_not_worse_than_reactive":
+                 pred["ratio_slowed"] >= react["ratio_slowed"]}
     from _results import run_header, write_json
 
     header = run_header("live", argv or sys.argv[1:], backend="gloo", ranks=2,
                         mode="sequential" if args.sequential else "interleaved",
-                        inject=inject_spec(scale),
+                        inject=inject_spec(scale, args.lead),
                         model=f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd")
     doc = {**header, "wall_s": time.perf_counter() - t0, "scale": scale, "every": args.every,
            "policies": results, "overhead": cost, "goals": goals}

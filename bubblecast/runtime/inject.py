@@ -6,12 +6,17 @@ Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=v
   until step ``end`` (exclusive, default never) every compute op of ``rank`` takes ``factor``
   times its own measured time, the extra ramping in linearly over ``ramp`` steps (default 0).
 - Thermal lead: add ``lead=L`` to a slowdown (``rank=1,factor=2,start=100,ramp=20,lead=30``):
-  the emulated device heats up before it slows down. Its temperature follows an RC charge
-  (the model of :mod:`bubblecast.sim.thermal` with constant power into degraded cooling):
-  75 C until step ``start - L``, then ``75 + 20 (1 - exp(-(step - start + L) / tau))`` with
-  ``tau = L / ln 2``, so it crosses the 85 C throttle threshold exactly at ``start``, where
-  the slowdown begins (and cools back the same way from ``end``). The recorder writes it as
-  the ``temperature_c`` device metric of that rank at every step.
+  the emulated device heats up before it slows down, as the RC model of
+  :mod:`bubblecast.sim.thermal` says a device whose cooling degrades does (power taken
+  proportional to the clock, ambient ``T_AMB`` = 35 C, throttle threshold ``T_THROTTLE`` =
+  85 C, healthy ``T_HEALTHY`` = 75 C). The fault's uncontrolled steady state is
+  ``T_ss = T_AMB + factor (T_THROTTLE - T_AMB)`` (holding the threshold then takes a clock
+  ``factor`` times lower: the slowdown); from step ``start - L`` the temperature climbs
+  ``T_ss - (T_ss - T_HEALTHY) exp(-(step - start + L) / tau)``, the time constant ``tau``
+  chosen so that it reaches the threshold exactly at ``start``, where the slowdown begins;
+  while throttled it holds the threshold, and from ``end`` it cools back to ``T_HEALTHY``
+  with the same ``tau``. The recorder writes it as the ``temperature_c`` device metric of
+  that rank at every step.
 - Spike: ``rank=0,every=50,extra=0.2[,length=1][,start=0][,end=N]``: on ``length`` steps out
   of every ``every`` (from ``start``), each compute op of ``rank`` takes ``1 + extra`` times
   its measured time.
@@ -36,7 +41,7 @@ _SLOW_KEYS = {"rank", "factor", "start", "ramp", "end", "lead"}
 _SPIKE_KEYS = {"rank", "every", "extra", "length", "start", "end"}
 _INT_KEYS = {"rank", "start", "ramp", "end", "every", "length", "lead"}
 #: Emulated device temperatures (deg C): healthy, throttle threshold, degraded steady state.
-T_HEALTHY, T_THROTTLE, T_HOT = 75.0, 85.0, 95.0
+T_AMB, T_HEALTHY, T_THROTTLE = 35.0, 75.0, 85.0
 
 
 @dataclass(frozen=True)
@@ -66,17 +71,28 @@ class Injection:
         frac = 1.0 if self.ramp == 0 else min(1.0, (step - self.start + 1) / self.ramp)
         return 1.0 + (self.factor - 1.0) * frac
 
+    @property
+    def thermal(self) -> tuple[float, float] | None:
+        """``(T_ss, tau)`` of the emulated fault (module doc); None without a lead."""
+        if not self.lead or self.every is not None or self.factor <= 1.0:
+            return None
+        t_ss = T_AMB + self.factor * (T_THROTTLE - T_AMB)
+        return t_ss, self.lead / math.log((t_ss - T_HEALTHY) / (t_ss - T_THROTTLE))
+
     def temperature(self, step: int) -> float | None:
         """The emulated device's temperature at ``step`` (module doc); None without a lead."""
-        if not self.lead or self.every is not None:
+        model = self.thermal
+        if model is None:
             return None
-        tau = self.lead / math.log(2.0)
-        heat = T_HEALTHY + (T_HOT - T_HEALTHY) * -math.expm1(
-            -max(0, step - self.start + self.lead) / tau)
-        if self.end is not None and step > self.end:
-            at_end = self.temperature(self.end) or T_HEALTHY
-            heat = T_HEALTHY + (at_end - T_HEALTHY) * math.exp(-(step - self.end) / tau)
-        return float(round(heat))
+        t_ss, tau = model
+        if self.end is not None and step >= self.end:
+            heat = T_HEALTHY + (T_THROTTLE - T_HEALTHY) * math.exp(-(step - self.end) / tau)
+        elif step >= self.start:
+            heat = T_THROTTLE
+        else:
+            heat = t_ss - (t_ss - T_HEALTHY) * math.exp(
+                -max(0, step - self.start + self.lead) / tau)
+        return float(round(heat, 1))
 
     def to_json(self) -> dict[str, Any]:
         keys = _SPIKE_KEYS if self.every is not None else _SLOW_KEYS - (

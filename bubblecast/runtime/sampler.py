@@ -158,6 +158,15 @@ class MetricLog:
         if self.sampler is not None:
             self.sampler.request(step)
 
+    def latest(self, metric: str) -> float | None:
+        """The latest value of ``metric`` recorded or sampled so far (None: none)."""
+        if self.sampler is not None:
+            self.rows.extend(self.sampler.take())
+        for _step, name, value in reversed(self.rows):
+            if name == metric:
+                return value
+        return None
+
     def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
         self.rows.append((int(step), "tokens", float(tokens_per_microbatch)))
 

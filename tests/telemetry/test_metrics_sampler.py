@@ -14,8 +14,10 @@ def test_lead_heats_before_the_slowdown_and_crosses_the_threshold_at_start():
     inj = parse_inject("rank=1,factor=2,start=100,ramp=10,lead=30")[0]
     assert inj.temperature(60) == inj.temperature(70) == 75.0
     assert 75.0 < inj.temperature(85) < T_THROTTLE
+    assert inj.temperature(99) < T_THROTTLE
     assert inj.multiplier(85) == 1.0  # hot, not yet slow: the signal leads
     assert inj.temperature(100) == T_THROTTLE and inj.multiplier(100) > 1.0
+    assert inj.temperature(300) == T_THROTTLE  # throttling holds the threshold
     assert parse_inject("rank=1,factor=2")[0].temperature(50) is None
     assert "lead" not in parse_inject("rank=1,factor=2")[0].to_json()  # old specs unchanged
 

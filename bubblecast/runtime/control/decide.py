@@ -39,6 +39,7 @@ from bubblecast.runtime.control.observe import (
     robust_speeds,
     since_last_move,
     unpack,
+    unpack_temperatures,
     window_speed,
 )
 
@@ -87,6 +88,11 @@ class Decider:
         self.broken: str | None = None
         self.note: str | None = None
         self._raw: np.ndarray | None = None
+        self.lead = None
+        if c.policy == "predictive" and c.lead:
+            from bubblecast.runtime.control.lead import ThermalLead
+
+            self.lead = ThermalLead()
         if c.policy == "predictive" and c.service is not None:
             self.policy = make_policy(c)  # the service runs it: send its knobs
             if external is None:
@@ -114,6 +120,9 @@ class Decider:
         self.history.add([s for s, _, _ in pend], compute, [p for _, p, _ in pend],
                          [m for _, _, m in pend])
         self.history.add_samples(fwd, tot)
+        if self.lead is not None and pend:
+            self.lead.add(pend[-1][0], unpack_temperatures(rows, self.config.every,
+                                                           len(self.param_bytes)))
 
     def decide(self, plan: Any, step: int, last_move: int | None
                ) -> tuple[Decision, dict[str, Any]]:
@@ -191,11 +200,17 @@ class Decider:
         inner = self.forecaster.inner
         if isinstance(inner, ModelSpeeds):
             inner.window = self._window(state)
+            inner.offset = int(self.history.steps[-1]) - state.t  # ACI: origins by step
         self.forecaster.last = None
         if hasattr(self.policy, "clock"):  # the forecast guard keys origins by step number
             self.policy.clock = int(self.history.steps[-1])
         if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread
             inner.history = since_last_move(self._raw, self.history.partitions)
+            if self.lead is not None:  # the leading signal: temperatures
+                self.lead.note_speeds(recent)
+                inner.lead, inner.now = self.lead, int(self.history.steps[-1])
+                if self.lead.active:
+                    facts["lead"] = {str(r): round(f, 3) for r, f in self.lead.active.items()}
             decision = self.policy.decide(state)
         else:
             decision = self.runner(self.policy.decide, state)

@@ -127,8 +127,9 @@ class Controller:
         """Start gathering every rank's compute per step and new layer-cost samples."""
         costs = self.trainer.recorder.layer_costs
         samples, self._cost_seen = costs[self._cost_seen:], len(costs)
+        temp = self.trainer.recorder.metrics.latest("temperature_c")  # the leading signal
         mine = torch.from_numpy(pack(self.probe.take(self.config.every), self.config.every,
-                                     samples, self.layers))
+                                     samples, self.layers, temp))
         out = [torch.empty_like(mine) for _ in range(self.world)]
         work = dist.all_gather(out, mine, group=self.group, async_op=True)
         self.boundaries += 1

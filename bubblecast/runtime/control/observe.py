@@ -44,7 +44,9 @@ below the noise.
 - :data:`LIVE_POLICY_DEFAULTS`: the predictive policy's hysteresis in the live loop: no
   decision before ``min_history`` steps, a move must gain ``min_gain`` per step (above the
   noise of a window median), then the policy holds ``hold_decisions`` decision periods: it
-  never oscillates at the decision rate.
+  never oscillates at the decision rate. A forecast-driven move needs ``confirm_decisions``
+  consecutive decisions agreeing (the forecast guard's ``confirm``; its offline default of 5
+  would be 50 steps at ``every`` 10, longer than a thermal lead).
 
 """
 
@@ -58,7 +60,7 @@ from bubblecast.errors import BubblecastError
 
 #: Predictive-policy knobs of the live loop (explicit ``policy_params`` win).
 LIVE_POLICY_DEFAULTS: dict[str, Any] = {"min_gain": 0.05, "hold_decisions": 2,
-                                        "min_history": 30}
+                                        "min_history": 30, "confirm_decisions": 2}
 #: Steps whose median common level scales the relative forecast back to speeds.
 LEVEL_WINDOW = 10
 
@@ -93,8 +95,16 @@ class RawHistoryForecaster:
         self.relative = relative
         self.name = str(getattr(inner, "name", type(inner).__name__))
         self.history: np.ndarray | None = None
+        #: a :class:`~.lead.ThermalLead` whose predicted slowdowns the forecast takes in, and
+        #: the step the forecast is made at (set before each decision; None: no lead)
+        self.lead: Any = None
+        self.now = 0
 
     def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
+        q = self._forecast(state, horizons)
+        return q if self.lead is None else self.lead.adjust(q, horizons, self.now)
+
+    def _forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray:
         if self.history is None or len(self.history) == 0:
             if not self.relative:
                 return self.inner.forecast(state, horizons)
@@ -133,7 +143,7 @@ def predictive_params(params: dict[str, Any], every: int) -> dict[str, Any]:
     in steps: ``hold_decisions`` x ``every``), then ``params``."""
     d = LIVE_POLICY_DEFAULTS
     out = {"min_gain": d["min_gain"], "hold": d["hold_decisions"] * every,
-           "min_history": d["min_history"]}
+           "min_history": d["min_history"], "guard": {"confirm": d["confirm_decisions"]}}
     out.update(params)
     return out
 
@@ -160,10 +170,13 @@ class StepProbe:
 
 
 def pack(compute: list[float], every: int, samples: list[dict[str, Any]],
-         layers: int) -> np.ndarray:
-    """``[n, compute x every (NaN padded), forward cost x L, total cost x L]`` for one rank;
-    ``samples`` are recorder layer-cost dicts, the latest per layer wins."""
-    out = np.full(1 + every + 2 * layers, np.nan)
+         layers: int, temperature: float | None = None) -> np.ndarray:
+    """``[n, compute x every (NaN padded), forward cost x L, total cost x L, temperature]``
+    for one rank; ``samples`` are recorder layer-cost dicts, the latest per layer wins;
+    ``temperature`` the rank's latest ``temperature_c`` device metric (NaN: none)."""
+    out = np.full(2 + every + 2 * layers, np.nan)
+    if temperature is not None:
+        out[-1] = float(temperature)
     n = min(len(compute), every)
     out[0] = n
     if n:
@@ -186,6 +199,13 @@ def unpack(rows: np.ndarray, every: int, layers: int
     fwd = rows[:, 1 + every:1 + every + layers]
     tot = rows[:, 1 + every + layers:1 + every + 2 * layers]
     return compute, fwd, tot
+
+
+def unpack_temperatures(rows: np.ndarray, every: int, layers: int) -> np.ndarray:
+    """The ranks' temperatures ``(P,)`` from gathered rows (NaN where none)."""
+    if rows.shape[1] < 2 + every + 2 * layers:
+        return np.full(rows.shape[0], np.nan)
+    return rows[:, 1 + every + 2 * layers].astype(np.float64)
 
 
 def held_cost(partitions: np.ndarray, totals: np.ndarray, stages: int) -> np.ndarray:

@@ -1,0 +1,107 @@
+"""A leading signal for the predictive policy: a rank's device temperature.
+
+A device whose cooling degrades heats up before its clock drops (the RC model of
+:mod:`bubblecast.sim.thermal`: ``dT/dt = (P R - (T - T_amb)) / (R C)``). Heating with power
+``P`` into resistance ``R``, the temperature heads for ``T_ss = T_amb + P R`` with time
+constant ``tau``, so ``T_ss = T + tau dT/dt``; once ``T`` reaches the throttle threshold the
+device holds it by lowering its clock (power proportional to the clock) to
+``(T_thr - T_amb) / (T_ss - T_amb)`` of the maximum: its ops become
+``f = (T_ss - T_amb) / (T_thr - T_amb)`` times slower.
+
+:class:`ThermalLead` keeps each rank's temperature at the control boundaries and, while a
+rank heats (a rise of at least ``min_rise`` over its healthy level, and a positive slope since
+its last healthy sample, over at most ``window`` samples), predicts the step it reaches the
+threshold and the slowdown ``f`` it will then settle at (the last prediction is kept while
+the rank throttles: its temperature stops rising then). :meth:`ThermalLead.adjust` turns
+that into the forecast the predictive policy plans with: at horizons past the crossing, each
+quantile at least the rank's healthy speed times ``f``. Ranks without temperatures (no
+device metric, the plain ``--inject`` ramp) are left alone: the policy is then exactly the
+one without a lead.
+
+The device constants (ambient, threshold, ``tau`` in steps) are those of the emulated device
+(:mod:`bubblecast.runtime.inject`); on real GPUs they are the device's own (NVML reports the
+slowdown temperature; ``tau`` is measured once per device model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ThermalLead:
+    """Per-rank temperature tracking and the slowdown it predicts (module doc)."""
+
+    t_amb: float = 35.0
+    t_throttle: float = 85.0
+    tau_steps: float = 150.0
+    window: int = 8
+    min_rise: float = 2.0
+    max_factor: float = 4.0
+    steps: list[int] = field(default_factory=list)
+    temps: list[np.ndarray] = field(default_factory=list)
+    _factor: dict[int, float] = field(default_factory=dict)
+    _cross: dict[int, float] = field(default_factory=dict)
+    _healthy_speed: dict[int, float] = field(default_factory=dict)
+
+    def add(self, step: int, temps: np.ndarray) -> None:
+        """The ranks' temperatures after ``step`` (NaN: none)."""
+        temps = np.asarray(temps, dtype=np.float64)
+        if not np.isfinite(temps).any():
+            return
+        self.steps.append(int(step))
+        self.temps.append(temps)
+        self._predict()
+
+    def _predict(self) -> None:
+        series = np.array(self.temps)  # (n, P)
+        steps = np.array(self.steps, dtype=np.float64)
+        base = np.nanmin(series, axis=0)
+        now = series[-1]
+        for r in range(series.shape[1]):
+            if not np.isfinite(now[r]) or now[r] - base[r] < self.min_rise:
+                continue
+            if now[r] >= self.t_throttle - 0.5:
+                continue  # throttling: the temperature is held; keep the last prediction
+            col = series[:, r]
+            cool = np.flatnonzero(np.isfinite(col) & (col <= base[r] + 0.5))
+            first = max(int(cool[-1]) if len(cool) else 0, len(col) - self.window)
+            keep = np.isfinite(col[first:])
+            if keep.sum() < 2:
+                continue  # the heating since the last healthy sample, at most ``window``
+            slope = float(np.polyfit(steps[first:][keep], col[first:][keep], 1)[0])
+            if slope <= 0:
+                continue
+            t_ss = now[r] + self.tau_steps * slope
+            if t_ss <= self.t_throttle:
+                self._factor.pop(r, None)
+                continue
+            self._factor[r] = float(min(self.max_factor, (t_ss - self.t_amb)
+                                        / (self.t_throttle - self.t_amb)))
+            self._cross[r] = steps[-1] + (self.t_throttle - now[r]) / slope
+
+    @property
+    def active(self) -> dict[int, float]:
+        """Ranks predicted to throttle, and the slowdown factor each will settle at."""
+        return dict(self._factor)
+
+    def note_speeds(self, speeds: np.ndarray) -> None:
+        """The ranks' recent speeds: remembered as healthy while no rank has begun heating."""
+        for r, s in enumerate(np.asarray(speeds, dtype=np.float64)):
+            if r not in self._factor and np.isfinite(s):
+                self._healthy_speed[r] = float(s)
+
+    def adjust(self, quantiles: np.ndarray, horizons: np.ndarray, now: int) -> np.ndarray:
+        """``(H, P, Q)`` speed quantiles with the predicted slowdowns applied past each
+        rank's crossing (never faster than the forecast already was)."""
+        out = np.array(quantiles, dtype=np.float64, copy=True)
+        hz = np.asarray(horizons, dtype=np.float64)
+        for r, f in self._factor.items():
+            if r >= out.shape[1] or r not in self._healthy_speed:
+                continue
+            late = now + hz >= self._cross[r]
+            floor = self._healthy_speed[r] * f
+            out[late, r] = np.maximum(out[late, r], floor)
+        return out
