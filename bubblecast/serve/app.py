@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bubblecast import __version__
 from bubblecast.errors import BubblecastError
@@ -111,6 +113,7 @@ def _unready() -> Response:
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "the body is not JSON (or not UTF-8)"},
     401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
     413: {"model": ErrorResponse, "description": "request body too large"},
     422: {"model": ErrorResponse, "description": "invalid request; `field` names the field"},
@@ -170,6 +173,14 @@ def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None
     @app.exception_handler(RequestError)
     async def _refused(_: Request, exc: RequestError) -> Response:
         return Response(error_body(exc.message, exc.field), status_code=422, media_type=JSON)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        """A body FastAPI cannot parse (not UTF-8) is a 400 in the service's error form."""
+        if exc.status_code == 400:
+            return Response(error_body(str(exc.detail), "body"), status_code=400,
+                            media_type=JSON)
+        return await http_exception_handler(request, exc)
 
     @app.post("/v1/forecast", response_model=ForecastResponse, responses=_ERRORS)
     async def forecast(request: ForecastRequest) -> Response:
