@@ -20,9 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from bubblecast._version import __version__
 from bubblecast.errors import BubblecastError
-
-__version__ = "0.1.0"
 
 #: Public name -> "module:attribute" it is loaded from on first access. (No TYPE_CHECKING
 #: imports of them here: import-linter counts those, and every module that imports

@@ -13,7 +13,7 @@ import sys
 import click
 import typer
 
-from bubblecast import __version__
+from bubblecast._version import __version__
 from bubblecast.errors import BubblecastError
 
 app = typer.Typer(

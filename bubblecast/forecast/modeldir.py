@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bubblecast import __version__
+from bubblecast._version import __version__
 from bubblecast.dataset.config import FEATURES_VERSION, DatasetConfig
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.base import Forecaster
