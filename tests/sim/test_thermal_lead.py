@@ -66,3 +66,12 @@ def test_built_in_forecaster_takes_the_lead_in():
     fc.lead, fc.now = lead, 89
     q = fc.forecast(None, np.array([1, 50]))
     assert q[0, 1, 1] == 1.0 and q[1, 1, 1] > 1.8
+
+
+def test_leading_until_the_predicted_slowdown_shows():
+    lead = ThermalLead()
+    assert not lead.leading(np.array([1.0, 1.0]))  # nothing predicted
+    _feed(lead, "rank=1,factor=2,start=100,ramp=60,lead=30", until=90)
+    assert lead.leading(np.array([1.0, 1.0]))  # announced, not yet seen
+    assert lead.leading(np.array([1.0, 1.5]))  # half way
+    assert not lead.leading(np.array([1.0, 1.9]))  # shown: the speed history takes over

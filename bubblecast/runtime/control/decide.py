@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -206,12 +207,14 @@ class Decider:
             self.policy.clock = int(self.history.steps[-1])
         if isinstance(inner, RawHistoryForecaster):  # built-in, in-process numpy: no thread
             inner.history = since_last_move(self._raw, self.history.partitions)
+            leading = False
             if self.lead is not None:  # the leading signal: temperatures
                 self.lead.note_speeds(recent)
                 inner.lead, inner.now = self.lead, int(self.history.steps[-1])
+                leading = self.lead.leading(recent)
                 if self.lead.active:
                     facts["lead"] = {str(r): round(f, 3) for r, f in self.lead.active.items()}
-            decision = self.policy.decide(state)
+            decision = self._decide_leading(state) if leading else self.policy.decide(state)
         else:
             decision = self.runner(self.policy.decide, state)
         if self.forecaster.last is not None:
@@ -223,6 +226,20 @@ class Decider:
         if callable(report):  # the forecast guard's verdict and counts so far
             facts["guard"] = report()
         return decision, facts
+
+    def _decide_leading(self, state: Any) -> Decision:
+        """The policy's decision with the forecast guard's error check off: a throttle the
+        temperature announces has not shown in the speeds the guard scores forecasts on."""
+        guard = getattr(self.policy, "guard", None)
+        if guard is None or not hasattr(guard, "enabled"):
+            return self.policy.decide(state)
+        saved, guard.enabled = guard.enabled, False
+        try:
+            decision = self.policy.decide(state)
+        finally:
+            guard.enabled = saved
+        return replace(decision, reason=f"thermal lead: {decision.reason}") \
+            if decision.reason else decision
 
     def _window(self, state: Any) -> Any:
         """The served model's input: compute seconds and layer cost held per step."""

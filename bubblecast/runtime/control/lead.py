@@ -93,6 +93,20 @@ class ThermalLead:
             if r not in self._factor and np.isfinite(s):
                 self._healthy_speed[r] = float(s)
 
+    def leading(self, speeds: np.ndarray, reached: float = 0.8) -> bool:
+        """Whether some rank is predicted to throttle and has not yet shown ``reached`` of its
+        predicted slowdown in ``speeds`` (recent speeds): the lead, not the speed history,
+        is then what the forecast stands on (the controller trusts it over the forecast
+        guard's record of the speed forecasts, which cannot score a change not yet seen)."""
+        speeds = np.asarray(speeds, dtype=np.float64)
+        for r, f in self._factor.items():
+            healthy = self._healthy_speed.get(r)
+            if healthy is None or r >= len(speeds):
+                continue
+            if speeds[r] / healthy < 1.0 + reached * (f - 1.0):
+                return True
+        return False
+
     def adjust(self, quantiles: np.ndarray, horizons: np.ndarray, now: int) -> np.ndarray:
         """``(H, P, Q)`` speed quantiles with the predicted slowdowns applied past each
         rank's crossing (never faster than the forecast already was)."""
