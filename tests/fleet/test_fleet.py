@@ -22,7 +22,7 @@ from bubblecast.telemetry.io import read_events, write_events
 distributed = pytest.importorskip("distributed")
 
 SIM = ["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--steps",
-       "75", "--scenario", "mixed", "--seed", "3"]
+       "40", "--scenario", "mixed", "--seed", "3"]
 DATA = ["--windows", "5,20", "--horizons", "1,5", "--lags", "8"]
 
 
@@ -57,7 +57,7 @@ def _always_die(_item: int) -> int:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fleet")
-    assert main([*SIM, "--runs", "6", "--out", f"{root / 'fleet'}/"]) == 0
+    assert main([*SIM, "--runs", "5", "--out", f"{root / 'fleet'}/"]) == 0
     return root / "fleet"
 
 
@@ -72,9 +72,9 @@ def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_simulate_writes_a_fleet_equal_to_one_file(fleet: Path, tmp_path: Path) -> None:
-    assert list(fleet_runs(fleet)) == [f"sim-{k}" for k in range(6)]
+    assert list(fleet_runs(fleet)) == [f"sim-{k}" for k in range(5)]
     assert all((d / "part-00000.parquet").is_file() for d in fleet_runs(fleet).values())
-    assert main([*SIM, "--runs", "6", "--out", str(tmp_path / "one.parquet")]) == 0
+    assert main([*SIM, "--runs", "5", "--out", str(tmp_path / "one.parquet")]) == 0
     one, many = read_events(tmp_path / "one.parquet"), read_events(fleet)
     assert one.runs == many.runs
     pd.testing.assert_frame_equal(one.frame, many.frame)
@@ -105,7 +105,7 @@ def test_dataset_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster:
     remote = _json(capsys)
     assert remote["fingerprint"] == local["fingerprint"]
     assert remote["rows"] == local["rows"] > 0
-    assert sorted(fleet_runs(tmp_path / "b")) == [f"sim-{k}" for k in range(6)]
+    assert sorted(fleet_runs(tmp_path / "b")) == [f"sim-{k}" for k in range(5)]
     a, meta_a = read_features(tmp_path / "a.parquet")
     b, meta_b = read_features(tmp_path / "b")
     assert meta_a.runs == meta_b.runs and meta_a.run_info == meta_b.run_info
@@ -130,7 +130,7 @@ def test_corrupt_run_fails_naming_it_or_is_skipped(fleet: Path, tmp_path: Path, 
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert [s["run_id"] for s in summary["skipped_runs"]] == ["sim-2"]
-    assert summary["runs"] == 5 and "sim-2" in captured.err
+    assert summary["runs"] == 4 and "sim-2" in captured.err
     assert main(["dataset", str(bad), *DATA, "--out", str(tmp_path / "f.parquet"),
                  "--skip-bad-runs", "--json"]) == 0
     assert _json(capsys)["fingerprint"] == summary["fingerprint"]
@@ -162,7 +162,7 @@ def test_lgbm_on_dask_is_an_ordinary_model(fleet: Path, tmp_path: Path, cluster:
     assert main(["dataset", str(fleet), *DATA, "--out", f"{tmp_path / 'feat'}/"]) == 0
     result = train_model(tmp_path / "feat", "lgbm", tmp_path / "model", track=False,
                          params={"n_estimators": 15, "seed": 0}, cluster=cluster)
-    assert set(result["metrics"]) == {"h1", "h5"} and result["runs"] == 5
+    assert set(result["metrics"]) == {"h1", "h5"} and result["runs"] == 4
     model = load_model(str(tmp_path / "model"))
     frame, _ = read_features(tmp_path / "feat")
     preds = model.predict_signal(frame.head(20), [1, 5])
@@ -190,7 +190,7 @@ def test_validation_curve_is_lightgbms_quantile_metric() -> None:
 
 def test_policy_inspect_whatif_on_dask_equal_in_process(
         fleet: Path, cluster: str, capsys: pytest.CaptureFixture[str]) -> None:
-    for args in (["policy-eval", str(fleet), "--policies", "static,reactive"],
+    for args in (["policy-eval", str(fleet), "--policies", "reactive"],
                  ["inspect", str(fleet), "--run", "sim-4"],
                  ["whatif", str(fleet), "--run", "sim-1"]):
         assert main([*args, "--json"]) == 0
