@@ -61,7 +61,7 @@ def simulate(
         events = simulate_events(config)
         write_events(events, out)
         run_ids, n_events = list(events.runs), len(events)
-    from bubblecast.sim.thermal import write_simulated_metrics
+    from bubblecast.sim.device_metrics import write_simulated_metrics
 
     write_simulated_metrics(config, out)  # device metrics beside the events, when any
     if json_out:

@@ -19,20 +19,16 @@ temperature at the threshold. Compute ops take ``clock_max / clock`` times their
 (the speed factor follows the clock). Readings are rounded to 1 deg C, 1 W and the clock bins,
 as NVML reports them.
 
-:func:`thermal_trace` runs it; :func:`simulated_metrics` gives the ``device_metrics`` rows of
-simulated runs (``temperature_c``, ``sm_clock_mhz``, ``power_w`` for ``thermal`` runs; the
-known-future ``tokens`` for ``seqlen`` runs).
+:func:`thermal_trace` runs it; the ``thermal`` scenario (:mod:`bubblecast.sim.scenarios`)
+draws a fault and writes the trace as device metrics (:mod:`bubblecast.sim.device_metrics`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from bubblecast.errors import BubblecastError
 
@@ -102,43 +98,3 @@ def fault_resistance(model: ThermalModel, steps: int, onset: int, ramp: int,
     k = np.arange(steps, dtype=np.float64)
     frac = np.clip((k - onset) / max(ramp, 1), 0.0, 1.0)
     return model.r_nominal + (r_fault - model.r_nominal) * frac
-
-
-def _frame(run_id: str, values: np.ndarray, metric: str) -> pd.DataFrame:
-    """``(steps, ranks)`` values as device-metrics rows."""
-    steps, ranks = values.shape
-    return pd.DataFrame({"run_id": run_id, "step": np.repeat(np.arange(steps), ranks),
-                         "rank": np.tile(np.arange(ranks), steps), "metric": metric,
-                         "value": values.reshape(-1)})
-
-
-def simulated_metrics(config: Any) -> pd.DataFrame:
-    """The ``device_metrics`` rows of the runs ``config`` (a SimConfig) simulates: what each
-    run's scenario draw carries in ``metrics`` (re-drawn: draws are deterministic)."""
-    from bubblecast.sim.scenarios import RunShape
-    from bubblecast.telemetry.metrics import empty
-
-    parts = []
-    for k, run_id in zip(range(config.first_run, config.first_run + config.runs),
-                         config.run_ids(), strict=True):
-        draw = config.scenario_for(k).draw(RunShape(config.steps, config.stages,
-                                                    config.replicas, config.microbatches))
-        parts += [_frame(run_id, v, m) for m, v in sorted(draw.metrics.items())]
-    return pd.concat(parts, ignore_index=True) if parts else empty()
-
-
-def write_simulated_metrics(config: Any, out: str | os.PathLike[str]) -> Path | None:
-    """Write the metrics of ``config``'s runs beside the events at ``out`` (a file, or a fleet
-    directory: one ``run_id=<id>/part-00000.metrics`` per run); None when there are none."""
-    from bubblecast.telemetry.fleet import is_directory_target, run_dir_name
-    from bubblecast.telemetry.metrics import metrics_path, write_metrics
-
-    frame = simulated_metrics(config)
-    if frame.empty:
-        return None
-    if not is_directory_target(out):
-        return write_metrics(frame, metrics_path(out))
-    root = Path(out)
-    for run_id, part in frame.groupby("run_id", sort=False):
-        write_metrics(part, root / run_dir_name(str(run_id)) / "part-00000.metrics")
-    return root

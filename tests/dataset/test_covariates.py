@@ -10,8 +10,8 @@ import pytest
 from bubblecast.dataset import DatasetConfig
 from bubblecast.dataset.builder import build_dataset
 from bubblecast.dataset.covariates import covariate_columns
+from bubblecast.sim.device_metrics import simulated_metrics
 from bubblecast.sim.simulator import SimConfig, simulate_events
-from bubblecast.sim.thermal import simulated_metrics
 
 CONFIG = DatasetConfig(horizons=(1, 5, 10), windows=(5, 20, 40), lags=8, max_period=20,
                        covariates="auto")
