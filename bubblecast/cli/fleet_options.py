@@ -45,6 +45,7 @@ def analyse(cluster: str, file: Path, format: str, run: str | None, method: str,
     from bubblecast.telemetry.fleet import fleet_runs
 
     source = fleet_runs(file).get(run, file) if run is not None else file
+    absolute = [(name, str(Path(path).absolute()), steps) for name, path, steps in outputs or []]
     with executor(cluster, progress=False) as ex:
-        return ex.map(_analysis_task, [str(source)], format, run, method, kwargs or {},
-                      outputs or [], label=method)[0]
+        return ex.map(_analysis_task, [str(Path(source).absolute())], format, run, method,
+                      kwargs or {}, absolute, label=method)[0]

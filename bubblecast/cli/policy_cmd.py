@@ -128,8 +128,9 @@ def _mapped(runs: list[Path], names: list[str], config: object, format: str,
                               f"{', '.join(POLICIES)})" if bad else
                               "--policies: name at least one policy")
     with executor(cluster, progress=not json_out) as ex:
-        parts = ex.map(evaluate_unit, units_of(runs), format, names, config, model, run,
-                       skip_bad, label="policy-eval")
+        units = units_of([p.absolute() for p in runs] if ex.client is not None else runs)
+        parts = ex.map(evaluate_unit, units, format, names, config, model, run, skip_bad,
+                       label="policy-eval")
     seen = [r for p in parts for r in p["run_ids"]]
     if len(set(seen)) != len(seen):
         raise BubblecastError("the inputs share run ids; give each run once")

@@ -151,14 +151,17 @@ def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executo
     Rows, fingerprint and metadata equal those of :func:`build_dataset` on all the events at
     once; only per-unit summaries come back to this process. ``out`` appears whole or not at
     all (parts go to a hidden temporary directory renamed at the end)."""
+    from pathlib import Path
+
     from bubblecast.dataset.store import fingerprint_of, finish_partitioned, partition_tmp
     from bubblecast.errors import BubblecastError
     from bubblecast.telemetry.fleet import units_of
 
-    units = units_of(paths)
+    remote = executor.client is not None  # workers may run elsewhere: absolute paths
+    units = units_of([Path(p).absolute() if remote else p for p in paths])
     with partition_tmp(out) as tmp:
         results = executor.map(build_unit, groups_of(units, executor.workers), format, config,
-                               str(tmp), skip_bad, label="features")
+                               str(tmp.absolute()), skip_bad, label="features")
         done = [r for r in results if "runs" in r]
         skipped = [s for r in results for s in r["skipped"]]
         runs = [run for r in done for run in r["runs"]]

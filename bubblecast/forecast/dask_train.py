@@ -192,7 +192,7 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
     from bubblecast.dataset.store import partition_files, read_features_meta
     from bubblecast.telemetry.cluster import executor
 
-    files = partition_files(features, meta)
+    files = [f.absolute() for f in partition_files(features, meta)]
     cols = ["run_id", "scenario"] if "scenario" in pq.read_schema(files[0]).names \
         else ["run_id"]
     runs_frame = pd.concat([pq.read_table(f, columns=cols).to_pandas().head(1) for f in files],
@@ -254,7 +254,7 @@ def predictions_on_cluster(features: Path, meta: Any, refs: dict[str, str],
     from bubblecast.dataset.store import partition_files
     from bubblecast.telemetry.cluster import executor
 
-    files = [str(f) for f in partition_files(features, meta)]
+    files = [str(f.absolute()) for f in partition_files(features, meta)]
     with executor(cluster) as ex:
         parts = ex.map(_part_predictions, files, refs, tracking_uri, horizons, label="forecasts")
     return {name: {h: np.concatenate([p[name][h] for p in parts]) for h in horizons[name]}
