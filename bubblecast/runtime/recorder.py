@@ -111,8 +111,8 @@ class Recorder:
         self.min_part_s, self._last_part = min_part_s, time.perf_counter()
         self.injections = [i for i in (injections or []) if i.rank == rank]
         self._meta_fn = meta_fn
-        self.metrics = MetricLog(run_id, rank, device, metrics_every if record else 0,
-                                 self.injections if record else [])  # device_metrics rows
+        self.metrics = MetricLog(run_id, rank, device, metrics_every, self.injections,
+                                 enabled=record)  # device_metrics rows
         self.timer = timer
         self.timing = "host" if timer is None else "device"
         self.capture = False  # record ops now (between begin_step and end_step)
@@ -242,13 +242,13 @@ class Recorder:
     def begin_step(self, step: int, tokens_per_microbatch: int) -> None:
         self._step, self._tokens, self.capture = step, tokens_per_microbatch, True
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
-        self.metrics.begin_step(step)  # no-op unless recording
+        self.metrics.begin_step(step)
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
             self._start_sampling()
 
     def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
         """Known-future workload (a ``tokens`` device metric): call for the next K steps."""
-        self.metrics.announce_tokens(step, tokens_per_microbatch)  # written if recording
+        self.metrics.announce_tokens(step, tokens_per_microbatch)
 
     def record_optimizer(self, t0: float, t1: float) -> None:
         """An ``OPTIMIZER`` row of the current step, from host ``perf_counter`` times."""

@@ -138,13 +138,15 @@ class DeviceSampler:
 
 class MetricLog:
     """One rank's device-metric rows: sampled (:class:`DeviceSampler`, when ``every`` > 0),
-    emulated temperatures (injections with a ``lead``) and announced tokens."""
+    emulated temperatures (injections with a ``lead``) and announced tokens; nothing at all
+    when not ``enabled`` (a recorder that does not record)."""
 
     def __init__(self, run_id: str, rank: int, device: str, every: int = 0,
-                 injections: list[Any] | None = None) -> None:
-        self.run_id, self.rank = run_id, rank
-        self.injections = [i for i in (injections or []) if getattr(i, "lead", 0)]
-        self.sampler = DeviceSampler(device, every) if every > 0 else None
+                 injections: list[Any] | None = None, enabled: bool = True) -> None:
+        self.run_id, self.rank, self.enabled = run_id, rank, enabled
+        self.injections = [i for i in (injections or []) if getattr(i, "lead", 0)] \
+            if enabled else []
+        self.sampler = DeviceSampler(device, every) if every > 0 and enabled else None
         self.rows: list[Row] = []
 
     def begin_step(self, step: int) -> None:
@@ -168,7 +170,8 @@ class MetricLog:
         return None
 
     def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
-        self.rows.append((int(step), "tokens", float(tokens_per_microbatch)))
+        if self.enabled:
+            self.rows.append((int(step), "tokens", float(tokens_per_microbatch)))
 
     def frame(self) -> Any:
         """Every row so far as a device-metrics frame (sorted by step)."""
