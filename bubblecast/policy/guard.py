@@ -16,7 +16,7 @@ the first decisions of a run) backtests past origins from the state's own histor
 forecaster is asked at a past origin with the history cut there (:func:`backtestable` says
 which forecasters allow it; a forecaster reading other inputs is scored online only).
 
-A forecast-driven move is also made only when ``confirm`` consecutive decisions agree on it,
+A forecast-driven move is also made only when ``confirm`` decisions in a row agree on it,
 and vetoed while the model's errors on the last few steps are far above the naive forecast's
 (a sudden false alarm).
 
@@ -40,17 +40,18 @@ from bubblecast.policy.decision import Decision
 class GuardConfig:
     """Forecast guard and move budget of the predictive policy (see the module docstring).
 
-    ``window``: trailing origins scored; ``horizons``: check horizons; ``min_scored``: scored
+    ``window``: trailing origins scored (forecasts made at decisions: steps offline, every
+    decision period live); ``horizons``: check horizons; ``min_scored``: scored
     (origin, horizon) pairs before the model is trusted; ``enter`` / ``exit``: fall back when
     model error > ``enter`` x naive error, trust again when < ``exit`` x naive error;
     ``backtest``: most past origins forecast from the state's own history per decision when
     they are missing from the record; ``max_moves`` moves per ``per_steps`` steps at most
     (``max_moves`` 0: no budget); ``confirm``: a forecast-driven move is made only when the
-    same target comes out of that many consecutive decisions (one odd forecast moves
-    nothing); ``recent`` / ``recent_factor``: a veto while the model's mean error on the
-    targets of the last ``recent`` steps exceeds ``recent_factor`` x the naive one there (or
-    its window median, if larger): a sudden false alarm is caught at once; ``enabled``:
-    False turns the error check off (the budget stays).
+    same target comes out of that many forecast-driven decisions in a row (one odd forecast
+    moves nothing); ``recent`` / ``recent_factor``: a veto while the model's mean
+    error on the targets of the last ``recent`` steps exceeds ``recent_factor`` x the
+    naive one there (or its window median, if larger): a sudden false alarm is caught at
+    once; ``enabled``: False turns the error check off (the budget stays).
     """
 
     window: int = 48
@@ -142,7 +143,7 @@ class ForecastGuard:
     decisions: int = 0
     fallback_decisions: int = 0
     last: GuardStatus | None = None
-    streak: tuple[Any, int] = (None, 0)  # the last forecast-driven target and its run length
+    streak: tuple[Any, int] = (None, 0)  # the last move's direction, decisions in a row
 
     def reset(self) -> None:
         self.record.clear()
@@ -151,12 +152,19 @@ class ForecastGuard:
         self.last = None
         self.streak = (None, 0)
 
-    def confirmed(self, decision: Decision) -> Decision:
-        """``decision`` if its target also came out of the previous ``confirm - 1``
-        decisions, else a keep saying so. A policy's first decision (the service builds one
-        per request) has nothing to confirm with: the backtest and the veto still apply."""
+    def interrupt(self) -> None:
+        """A decision that was not forecast-driven (holding, fallback): the streak ends."""
+        self.streak = (None, 0)
+
+    def confirmed(self, decision: Decision, current: tuple[int, ...]) -> Decision:
+        """``decision`` if the previous ``confirm - 1`` decisions (forecast-driven, in a row:
+        holding or falling back ends a streak) also moved layers the same way (which stages
+        gain and which lose; the amount may grow with the forecast), else a keep saying so.
+        A policy's first decision (the service builds one per request) has nothing to
+        confirm with: the backtest and the veto still apply."""
         action = decision.action
-        target = tuple(action.partition) if isinstance(action, Repartition) else None
+        target = tuple(int(x) for x in np.sign(np.subtract(action.partition, current))) \
+            if isinstance(action, Repartition) else None
         run = self.streak[1] + 1 if target is not None and target == self.streak[0] else 1
         self.streak = (target, run)
         need = self.config.confirm
@@ -176,8 +184,8 @@ class ForecastGuard:
     def remember(self, now: int, p50: np.ndarray) -> None:
         """Keep the ``(C, P)`` median forecast made at origin ``now`` (check horizons)."""
         self.record[int(now)] = np.log(np.maximum(np.asarray(p50, dtype=np.float64), 1e-300))
-        oldest = now - self.config.window - max(self.config.horizons)
-        for o in [o for o in self.record if o < oldest]:
+        keep = self.config.window + max(self.config.horizons)  # origins, however far apart
+        for o in sorted(self.record)[:-keep]:
             del self.record[o]
 
     def backtest(self, state: Any, forecaster: Any, now: int, horizons: np.ndarray) -> None:
@@ -207,12 +215,14 @@ class ForecastGuard:
         err_m: list[float] = []
         err_n: list[float] = []
         recent: list[bool] = []
-        for o, logq in self.record.items():
-            if o - offset < 0:
-                continue
+        # The last `window` origins with a realised target (steps offline; decisions live).
+        origins = [o for o in sorted(self.record) if o + int(horizons.min()) <= now
+                   and o - offset >= 0][-c.window:]
+        for o in origins:
+            logq = self.record[o]
             for j, h in enumerate(horizons):
                 target = o + int(h)
-                if target > now or target <= now - c.window:
+                if target > now:
                     continue
                 actual = _relative(hist[target - offset])
                 err_m.append(float(np.abs(_relative(logq[j]) - actual).mean()))

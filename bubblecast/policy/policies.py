@@ -195,12 +195,15 @@ class PredictivePolicy(Policy):
         status = g.score(state.history, now, self._hz[check])
         g.decisions += 1
         if state.last_action is not None and state.t - state.last_action < self.hold:
+            g.interrupt()
             return Decision.keep("holding after the last move (hysteresis)")
         if status.trusted:
             decision = g.confirmed(
-                self._forecast_decision(state, planning_speed(quantiles, self.risk)))
+                self._forecast_decision(state, planning_speed(quantiles, self.risk)),
+                tuple(state.partition))
         else:
             g.fallback_decisions += 1
+            g.interrupt()
             decision = self._fallback_decision(state, status.describe())
         if not decision.acts:
             return decision

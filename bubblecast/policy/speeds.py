@@ -105,6 +105,7 @@ class ModelSpeeds:
         from bubblecast.forecast.conformal import AdaptiveConformal
 
         self.aci: AdaptiveConformal | None = AdaptiveConformal()
+        self.offset = 0  # absolute step index of history row 0 (a live history drops rows)
 
     @property
     def min_window(self) -> int:
@@ -115,7 +116,7 @@ class ModelSpeeds:
         """``(H, P, 3)`` sorted speed quantiles at ``horizons`` after ``state``."""
         history = getattr(state, "history", None)
         if self.aci is not None and history is not None and len(history):
-            self.aci.observe(history, int(state.t))
+            self.aci.observe(history, int(state.t) + self.offset)
         if self.table is not None:
             out = self._from_table(state, horizons)
         else:
@@ -141,7 +142,7 @@ class ModelSpeeds:
         speed = q * (w.load[-1] / w.microbatches)[:, None, None]  # (P, Ha, 3)
         speed = np.transpose(speed, (1, 0, 2))  # (Ha, P, 3)
         if self.aci is not None and t is not None:
-            speed = self.aci.adjust(speed, ask, int(t))
+            speed = self.aci.adjust(speed, ask, int(t) + self.offset)
         if known is not None:
             speed = interpolate_horizons(speed, ask, hz)
         return np.sort(speed, axis=2)
