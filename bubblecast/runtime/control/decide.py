@@ -202,7 +202,6 @@ class Decider:
         if isinstance(inner, ModelSpeeds):
             inner.window = self._window(state)
             inner.offset = int(self.history.steps[-1]) - state.t  # ACI: origins by step
-            inner.offset = int(self.history.steps[-1]) - state.t  # ACI: origins by step
         self.forecaster.last = None
         if hasattr(self.policy, "clock"):  # the forecast guard keys origins by step number
             self.policy.clock = int(self.history.steps[-1])
