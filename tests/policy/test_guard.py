@@ -124,3 +124,43 @@ def test_an_exact_model_is_trusted_and_acts_on_a_failslow():
     trace = run_policy(run, policy, migration)
     assert trace.guard["decisions"] > 0
     assert trace.guard["fallback_decisions"] < 0.2 * trace.guard["decisions"]
+
+
+class _WindowModel:
+    """A served model (``predict_window``) forecasting the realised delays of ``truth`` (an
+    oracle), or (``wrong``) the mirrored stage's inverse of the last one; it records the
+    window lengths it was asked on."""
+
+    horizons = [1, 5, 10]
+    min_window = 4
+
+    def __init__(self, truth: np.ndarray, wrong: bool) -> None:
+        self.truth, self.wrong = truth, wrong
+        self.asked: list[int] = []
+
+    def predict_window(self, w, horizons):
+        self.asked.append(w.steps)
+        rows = np.minimum(w.steps - 1 + np.asarray(horizons), len(self.truth) - 1)
+        mid = (1.0 / w.delay[-1][::-1])[None, :].repeat(len(horizons), 0) if self.wrong \
+            else self.truth[rows]  # (H, P)
+        return mid.T[:, :, None] * np.array([0.99, 1.0, 1.01])
+
+
+def test_a_fresh_policy_backtests_a_served_model_on_the_window_itself():
+    """The service builds one policy per request: its guard scores the model at past origins
+    of the request's window (the window cut there) before trusting it."""
+    from bubblecast.dataset.window import Window
+    from bubblecast.policy.speeds import ModelSpeeds
+
+    T = 60
+    speed = _noisy(T, seed=5)
+    speed[30:, 2] *= np.linspace(1.0, 1.6, T - 30)  # rank 2 slows down
+    window = Window(compute=speed * 8.0, cost=np.ones((T, 4)), microbatches=8)
+    for wrong in (False, True):
+        model = _WindowModel(speed, wrong)
+        policy = PredictivePolicy(forecaster=ModelSpeeds(model, window=window), horizon=16)
+        decision = policy.decide(_state(speed))
+        assert min(model.asked) < T and max(model.asked) == T  # cut windows, then the whole
+        assert policy.guard_.last.scored >= GuardConfig().min_scored
+        assert policy.guard_.trusted is (not wrong)
+        assert ("forecast guard" in decision.reason) is wrong
