@@ -2,9 +2,9 @@
 
 For each (run, replica, target step) whose every stage has a forecast, each stage's forecast
 compute seconds (p50 of ``y`` times the work it will hold) are spread over its ops in the
-run's F/B/W time shares and timed with the engine (:mod:`bubblecast.sim.engine`) on the run's
-schedule. The same is done with the stage times that actually happened, so the comparison
-isolates the forecast's error from the op-share approximation.
+run's F/B/W time shares and timed on the run's schedule by :mod:`bubblecast.sim.steptime`.
+The same is done with the stage times that actually happened, so the comparison isolates the
+forecast's error from the op-share approximation.
 """
 
 from __future__ import annotations
@@ -16,29 +16,15 @@ import pandas as pd
 
 
 def _bubble_fraction(info: dict[str, Any], totals: np.ndarray) -> np.ndarray:
-    """Bubble fraction per row of ``totals`` ``(batch, stages)`` (compute seconds per stage)."""
-    from bubblecast.sim.engine import simulate
-    from bubblecast.sim.schedules import SPLIT_BACKWARD, schedule_graph
+    """Bubble fraction per row of ``totals`` ``(batch, stages)`` (compute seconds per stage),
+    timed by :mod:`bubblecast.sim.steptime` with the run's F/B/W op shares as weights."""
+    from bubblecast.sim.steptime import stage_op_durations, step_times, timing_shape
 
-    sg = schedule_graph(info["schedule"], int(info["stages"]), int(info["microbatches"]),
-                        int(info["chunks"]))
-    share = dict(info["op_share"])
-    if info["schedule"] not in SPLIT_BACKWARD:  # B includes W there
-        share = {"F": share.get("F", 0.0), "B": share.get("B", 0.0) + share.get("W", 0.0),
-                 "W": 0.0}
-    kind_share = np.array([share.get(k, 0.0) for k in ("F", "B", "W")])
-    stages = int(info["stages"])
-    count = np.zeros((stages, 3))
-    np.add.at(count, (sg.stage, sg.kind), 1)
-    per_op = kind_share[sg.kind] / np.maximum(count[sg.stage, sg.kind], 1)
-    norm = np.zeros(stages)
-    np.add.at(norm, sg.stage, per_op)
-    durations = totals[:, sg.stage] * (per_op / norm[sg.stage])[None, :]
-    start, end = simulate(sg.graph, durations, float(info.get("comm_s", 0.0)))
-    window = end.max(axis=1) - start.min(axis=1)
-    busy = totals.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (stages * window - busy) / (stages * window)
+    shape = timing_shape(info["schedule"], int(info["stages"]), int(info["microbatches"]),
+                         int(info["chunks"]), float(info.get("comm_s", 0.0)))
+    share = info["op_share"]
+    weights = (share.get("F", 0.0), share.get("B", 0.0), share.get("W", 0.0))
+    return step_times(shape, stage_op_durations(shape, totals, weights))[1]
 
 
 def bubble_table(frame: pd.DataFrame, preds: dict[int, np.ndarray],
