@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bubblecast import __version__
+from bubblecast._version import __version__
 from bubblecast.errors import BubblecastError
 from bubblecast.serve.errors import error_body, validation_body
 from bubblecast.serve.guard import JSON, OPEN_ROUTES, Guard, authorized, bearer
@@ -137,7 +137,8 @@ def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] |
                 log.warning("model watch: %s", exc)
                 initial = None
             svc.watcher = SourceWatcher(src.fingerprint, svc.reload, config.watch_interval_s,
-                                        initial=initial).start()
+                                        initial=initial,
+                                        settle=bool(getattr(src, "settles", False))).start()
 
     def background_load() -> None:
         try:

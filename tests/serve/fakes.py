@@ -7,6 +7,7 @@ it is a ``model.json`` of ``{"name", "scale", "load_delay_s"}``, loaded by :func
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -40,26 +41,60 @@ class Broken(ScaledLast):
 
 
 def write_model_dir(path: Path, scale: float = 1.0, load_delay_s: float = 0.0,
-                    name: str = "fake") -> Path:
+                    name: str = "fake", spread: float | None = None) -> Path:
+    """A fake model directory. With ``spread``, a second file ``spread.json`` holds the p10/p90
+    spread (like a booster file beside ``model.json``) and ``model.json`` lists it with its
+    sha256 (the manifest a model directory carries)."""
     path.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"name": name, "scale": scale, "load_delay_s": load_delay_s}
+    if spread is not None:
+        data = json.dumps({"spread": spread}).encode()
+        (path / "spread.json").write_bytes(data)
+        doc.update(files=["spread.json"], sha256={"spread.json": hashlib.sha256(data).hexdigest()})
     tmp = path / "model.json.tmp"
-    tmp.write_text(json.dumps({"name": name, "scale": scale, "load_delay_s": load_delay_s}))
+    tmp.write_text(json.dumps(doc))
     tmp.replace(path / "model.json")
     return path
 
 
 class _Loaded(ScaledLast):
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], spread: float = 0.1) -> None:
         super().__init__(float(spec["scale"]))
         self.name = spec.get("name", "fake")
+        self.spread = spread
         self.metrics = {"mae_h1": 0.1, "scale": float(spec["scale"])}
+
+    def predict_window(self, window, horizons: list[int]) -> np.ndarray:
+        last = window.delay[-1] * self.scale
+        q = np.stack([last * (1 - self.spread), last, last * (1 + self.spread)], axis=-1)
+        return np.repeat(q[:, None, :], len(horizons), axis=1)
 
 
 def load_fake(uri: str) -> ScaledLast:
-    """Loader for ``ModelSource(dir, loader=load_fake)``; sleeps ``load_delay_s`` first."""
+    """Loader for ``ModelSource(dir, loader=load_fake)``; sleeps ``load_delay_s`` first, then
+    reads ``spread.json`` when ``model.json`` lists it (no checks of its own: consistency is
+    the model source's job)."""
     spec = json.loads((Path(uri) / "model.json").read_text())
     time.sleep(float(spec.get("load_delay_s", 0.0)))
-    return _Loaded(spec)
+    spread = 0.1
+    if "spread.json" in spec.get("files", []):
+        spread = float(json.loads((Path(uri) / "spread.json").read_text())["spread"])
+    return _Loaded(spec, spread)
+
+
+def slow_copy(src: Path, dst: Path, pause_s: float,
+              order: tuple[str, ...] = ("model.json", "spread.json")) -> None:
+    """``cp src/* dst/`` done slowly: each file rewritten in place (truncated, half written,
+    a pause, the rest), with a longer pause between files."""
+    for k, name in enumerate(order):
+        if k:
+            time.sleep(4 * pause_s)
+        data = (src / name).read_bytes()
+        with open(dst / name, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            time.sleep(pause_s)
+            fh.write(data[len(data) // 2:])
 
 
 def forecast_request(stages: int = 4, steps: int = 8, microbatches: int = 8,

@@ -91,3 +91,78 @@ def test_registry_alias_resolves_loads_and_reloads_when_it_moves(tmp_path):
     assert bare.load()[1].metrics == {"mae_h1": 0.125}  # from the run that logged it
     with pytest.raises(BubblecastError, match="cannot resolve alias"):
         ModelSource("models:/bc@nobody", loader=loader, tracking_uri=tracking).load()
+
+
+def _copy(src, dst, name):
+    (dst / name).write_bytes((src / name).read_bytes())
+
+
+@pytest.mark.parametrize("first", ["model.json", "spread.json"])
+def test_a_half_copied_directory_is_refused_and_the_old_model_keeps_serving(tmp_path, first):
+    """Files of two versions (either copied first), a truncated model.json, a listed file
+    missing: each reload is refused with the reason; the old model keeps serving."""
+    d = write_model_dir(tmp_path / "m", scale=1.0, spread=0.1)
+    new = write_model_dir(tmp_path / "new", scale=2.0, spread=0.3, name="v2")
+    pred = Predictor.from_source(str(d), loader=load_fake)
+    req = forecast_request()
+    before = pred.forecast(req)
+    w = SourceWatcher(pred.source.fingerprint, pred.reload, interval_s=60, settle=True,
+                      initial=pred.source.fingerprint())
+    _copy(new, d, first)
+    with pytest.raises(BubblecastError, match="does not match model.json"):
+        pred.reload()
+    assert pred.forecast(req) == before
+    assert not w.poll()  # moved: waits for the directory to hold still
+    with pytest.raises(BubblecastError, match="files of two versions"):
+        w.poll()
+    assert pred.forecast(req) == before
+    other = "spread.json" if first == "model.json" else "model.json"
+    _copy(new, d, other)
+    assert not w.poll() and w.poll()  # held still and consistent: loaded
+    after = pred.forecast(req)
+    assert pred.info.name == "v2" and after.ranks[0].p90[0] == pytest.approx(
+        1.3 * after.ranks[0].p50[0])
+
+
+def test_truncated_or_incomplete_directories_are_refused(tmp_path):
+    from bubblecast.serve.registry import directory_state
+
+    d = write_model_dir(tmp_path / "m", scale=1.0, spread=0.1)
+    good = directory_state(d)
+    raw = (d / "model.json").read_bytes()
+    (d / "model.json").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(BubblecastError, match="not complete JSON"):
+        directory_state(d)
+    (d / "model.json").write_bytes(raw)
+    (d / "spread.json").unlink()
+    with pytest.raises(BubblecastError, match="spread.json, listed in model.json, is missing"):
+        directory_state(d)
+    write_model_dir(d, scale=1.0, spread=0.1)
+    assert directory_state(d) == good
+
+
+def test_the_fingerprint_covers_every_file(tmp_path):
+    d = write_model_dir(tmp_path / "m", scale=1.0, spread=0.1)
+    src = ModelSource(str(d), loader=load_fake)
+    first = src.fingerprint()
+    (d / "spread.json").write_bytes(b'{"spread": 0.25}')
+    assert src.fingerprint() != first
+    assert src.settles
+
+
+def test_the_watcher_logs_why_it_keeps_the_served_model(tmp_path, caplog):
+    import time
+
+    d = write_model_dir(tmp_path / "m", scale=1.0, spread=0.1)
+    pred = Predictor.from_source(str(d), loader=load_fake)
+    w = SourceWatcher(pred.source.fingerprint, pred.reload, interval_s=0.01, settle=True,
+                      initial=pred.source.fingerprint())
+    (d / "spread.json").write_bytes(b'{"spread": 0.5}')  # not what model.json says
+    with caplog.at_level("WARNING", logger="bubblecast.serve"):
+        w.start()
+        deadline = time.monotonic() + 30
+        while "does not match" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        w.stop()
+    assert "the served model keeps serving" in caplog.text and "spread.json" in caplog.text
+    assert pred.info.name == "fake"
