@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from bubblecast.runtime.checkpoint import CheckpointOptions
     from bubblecast.runtime.config import TrainConfig
     from bubblecast.runtime.jobdir import TrainingFailed
+    from bubblecast.runtime.launch import Nodes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,6 +78,13 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "resume": (bool, typer.Option(
         False, "--resume", help="Continue from the latest checkpoint in --checkpoint-dir up to "
         "--steps (bit-identical losses); an earlier attempt's telemetry before it is kept.")),
+    "nnodes": (int, typer.Option(
+        1, "--nnodes", help="Nodes the stages are spread over (run the same command on each, "
+        "same --out on a shared filesystem); > 1 needs --rdzv-endpoint.")),
+    "rdzv_endpoint": (str | None, typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes > 1).")),
+    "rdzv_id": (str | None, typer.Option(
+        None, "--rdzv-id", help="Rendezvous id, the same on every node (default: the run id).")),
     "json_out": (bool, typer.Option(False, "--json", help="Print one JSON object.")),
 }
 _MODEL_FIELDS = ("layers", "hidden", "seq_len", "vocab", "heads", "dtype")
@@ -120,6 +128,18 @@ def train_config(out: Path, model: str, options: Mapping[str, Any]) -> TrainConf
         batch_size=batch_size if batch_size is not None else 4 * max(options["microbatches"], 1),
         run_id=options["run_id"] or out.stem or "run",
         profile_dir=str(profile) if profile else None)
+
+
+def node_options(config: TrainConfig, options: Mapping[str, Any]) -> Nodes:
+    """The validated ``--nnodes/--rdzv-endpoint/--rdzv-id`` (one node by default)."""
+    from bubblecast.runtime.launch import Nodes
+
+    nodes = Nodes(options["nnodes"], options["rdzv_endpoint"], options["rdzv_id"])
+    nodes.nproc(config.stages)  # refuses stages that do not split over the nodes
+    if nodes.multi and (options["checkpoint_dir"] or options["resume"]):
+        raise BubblecastError("--checkpoint-dir: checkpoints are not supported with --nnodes "
+                              "> 1")
+    return nodes
 
 
 def checkpoint_options(options: Mapping[str, Any]) -> CheckpointOptions | None:
@@ -183,11 +203,13 @@ def collect(
     config = train_config(out, model, options)
     actions = parse_actions(options["action"])
     checkpoints = checkpoint_options(options)
+    nodes = node_options(config, options)
     if out.exists() and out.is_dir():
         raise BubblecastError(f"--out: {out} is a directory")
     try:
         summary = _run_with_progress(config, lambda update: run_out_job(
-            out, config, actions=actions, checkpoints=checkpoints, on_progress=update))
+            out, config, actions=actions, checkpoints=checkpoints, on_progress=update,
+            nodes=nodes))
     except TrainingFailed as exc:
         raise training_failed(exc) from None
     losses = list(summary["losses"].values())

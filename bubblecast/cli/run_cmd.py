@@ -19,6 +19,7 @@ import typer
 from bubblecast.cli import app
 from bubblecast.cli.collect_cmd import (
     checkpoint_options,
+    node_options,
     parse_actions,
     train_config,
     training_failed,
@@ -92,12 +93,15 @@ def run(
         forecaster = check_model_source(model_uri)
     decider = SERVICE_DECIDER if service is not None else None
     checkpoints = checkpoint_options(options)
+    nodes = node_options(config, options)
     from bubblecast.runtime.jobdir import TrainingFailed
+    from bubblecast.runtime.launch import on_nodes
 
     try:
-        summary = _launch_with_progress(config, lambda update: launch_controlled(
-            config, control, out, scripted=scripted, on_progress=update, decider=decider,
-            checkpoints=checkpoints))
+        with on_nodes(nodes):  # launch_controlled runs the job through run_out_job
+            summary = _launch_with_progress(config, lambda update: launch_controlled(
+                config, control, out, scripted=scripted, on_progress=update, decider=decider,
+                checkpoints=checkpoints))
     except TrainingFailed as exc:
         raise training_failed(exc) from None
     write_actions(actions_path, summary, control, config.run_id)

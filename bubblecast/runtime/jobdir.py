@@ -10,6 +10,13 @@ parts, unless it resumes from a checkpoint: then the rows the earlier attempt re
 the checkpoint's step are carried into the new attempt's parts, so that ``OUT`` ends up
 holding every step once, on one clock. A lock (``.lock``, released by the kernel when the
 command dies, even by SIGKILL) keeps two commands from sharing the directory.
+
+Multi-node (``node`` given: one command per node, the same ``OUT`` path on a filesystem every
+node sees): ``OUT.partial/`` is shared, each node's command keeps its job files in
+``OUT.partial/node-<host>-<pid>/`` (locked while it runs) and every rank writes its parts to
+the shared ``OUT.partial/parts-0/``, which rank 0, wherever it runs, merges into ``OUT``.
+The command whose node ran rank 0 copies its ``summary.json`` up into ``OUT.partial/`` for
+the others (:meth:`JobDir.summary`); the last command to finish removes the folder.
 No torch import here.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import IO
 
@@ -75,36 +83,38 @@ def describe_parts(folder: Path) -> str:
 class JobDir:
     """``OUT.partial``: see the module docstring. ``open`` it, run the job with ``parts`` as
     its events folder, then ``close(ok)``. ``resuming``: the job starts from a checkpoint,
-    so an earlier attempt's parts are carried over (:meth:`carry`) rather than refused."""
+    so an earlier attempt's parts are carried over (:meth:`carry`) rather than refused.
+    ``node``: this node's name in a multi-node job (see the module docstring); ``root`` is
+    then this command's folder inside the shared ``OUT.partial`` (:attr:`shared`)."""
 
-    def __init__(self, out: str | Path, *, resuming: bool = False) -> None:
+    def __init__(self, out: str | Path, *, resuming: bool = False,
+                 node: str | None = None) -> None:
         self.out = Path(out)
-        self.root = partial_dir(self.out)
+        self.shared = partial_dir(self.out)
+        self.node = node
+        self.root = self.shared / f"node-{node}" if node else self.shared
         self.resuming = resuming
-        self.parts = self.root / "parts-0"
+        self.parts = self.shared / "parts-0"
         self._lock: IO[str] | None = None
         self.closed = False
 
     def attempts(self) -> list[Path]:
         """The ``parts-{n}`` folders holding parts, oldest first."""
-        found = [p for p in self.root.glob("parts-*")
+        found = [p for p in self.shared.glob("parts-*")
                  if _ATTEMPT.fullmatch(p.name) and _has_parts(p)]
         return sorted(found, key=_number)
 
     def open(self) -> JobDir:
         """Create and lock the folder; BubblecastError (one line) if it is in use or holds an
         unfinished run's telemetry and this job does not resume."""
-        import fcntl
-
         self.root.mkdir(parents=True, exist_ok=True)
-        lock = open(self.root / ".lock", "a")  # noqa: SIM115 - held until close()
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.close()
+        lock = _try_lock(self.root)
+        if lock is None:
             raise BubblecastError(f"--out: another collect or run is writing {self.out} "
-                                  f"(its job folder {self.root} is locked)") from None
+                                  f"(its job folder {self.root} is locked)")
         self._lock = lock
+        if self.node:
+            return self._open_node()
         earlier = self.attempts()
         if earlier and not self.resuming:
             self._unlock()
@@ -119,6 +129,58 @@ class JobDir:
         self.parts = self.root / f"parts-{_number(earlier[-1]) + 1 if earlier else 0}"
         self.parts.mkdir()
         return self
+
+    def _open_node(self) -> JobDir:
+        """Multi-node open: refuse an unfinished run's parts, remove dead nodes' folders."""
+        if self.resuming:
+            self._unlock()
+            raise BubblecastError("--resume: not supported with --nnodes > 1")
+        earlier = self.attempts()
+        if earlier and not self.live_nodes(others=True):
+            self._unlock()
+            raise BubblecastError(f"--out: {self.shared} holds the telemetry of an unfinished "
+                                  f"run of {self.out} ({describe_parts(earlier[-1])}); move it "
+                                  "away first")
+        for folder in self.shared.glob("node-*"):
+            young = time.time() - folder.stat().st_mtime < 30  # may be locked any moment
+            lock = _try_lock(folder) if folder != self.root and not young else None
+            if lock is not None:  # its command is gone
+                lock.close()
+                shutil.rmtree(folder, ignore_errors=True)
+        (self.shared / "summary.json").unlink(missing_ok=True)
+        self.parts.mkdir(exist_ok=True)
+        return self
+
+    def live_nodes(self, *, others: bool = False) -> list[Path]:
+        """Node folders whose command still runs (holds its lock); ``others``: not this one."""
+        live = []
+        for folder in sorted(self.shared.glob("node-*")):
+            if folder == self.root:
+                if not others:
+                    live.append(folder)
+                continue
+            lock = _try_lock(folder)
+            if lock is None:
+                live.append(folder)
+            else:
+                lock.close()
+        return live
+
+    def summary(self, wait_s: float = 0.0) -> Path | None:
+        """Rank 0's ``summary.json``: in this job folder (multi-node: copied up to the shared
+        folder for the other nodes), else, multi-node, the shared copy, waited for up to
+        ``wait_s`` seconds; None when there is none."""
+        own = self.root / "summary.json"
+        if own.exists() or not self.node:
+            if own.exists() and self.node:
+                from bubblecast.telemetry.io import atomic_write_text
+
+                atomic_write_text(self.shared / "summary.json", own.read_text())
+            return own if own.exists() else None
+        shared, deadline = self.shared / "summary.json", time.monotonic() + wait_s
+        while not shared.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return shared if shared.exists() else None
 
     def origin(self) -> float | None:
         """The wall-clock origin of the earlier attempt's times (``origin.json``), if any."""
@@ -160,6 +222,8 @@ class JobDir:
         self._unlock()
         if kept is None:
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.node and not self.live_nodes():  # the last node out removes the rest
+                shutil.rmtree(self.shared, ignore_errors=True)
         return kept
 
     def failed(self, reason: str, exit_code: int = 1) -> TrainingFailed:
@@ -173,3 +237,17 @@ class JobDir:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _try_lock(folder: Path) -> IO[str] | None:
+    """``folder/.lock`` opened and exclusively locked (released by the kernel when the process
+    dies), or None when another process holds it."""
+    import fcntl
+
+    lock = open(folder / ".lock", "a")  # noqa: SIM115 - held by the caller
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock

@@ -5,7 +5,11 @@ A job is a directory holding ``job.json`` (the :class:`TrainConfig` plus output 
 JOB_DIR`` runs it. Workers write telemetry parts, a per-rank error file when they fail, and
 rank 0 writes ``summary.json``. Rank 0 prints progress lines on stdout, which :func:`launch`
 turns into a rich progress bar on stderr; everything torchrun prints goes to ``torchrun.log``.
-No torch import here.
+
+On several nodes (:class:`Nodes`, ``nnodes > 1``) the same command runs on every node and
+starts ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
+HOST:PORT --rdzv-id ID`` instead of ``--standalone``; the job folder is shared (see
+:mod:`bubblecast.runtime.jobdir`). No torch import here.
 """
 
 from __future__ import annotations
@@ -13,14 +17,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bubblecast.errors import BubblecastError
 from bubblecast.runtime.config import TrainConfig
 
 PROGRESS_PREFIX = "@@bubblecast-progress"
@@ -42,15 +50,73 @@ def write_job(job_dir: str | Path, config: TrainConfig, *, out: str | None = Non
 
 
 WORKER = "bubblecast.runtime.worker"
+#: Seconds a node without rank 0 waits for rank 0's summary after its own ranks finished.
+SUMMARY_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where a job's ranks run: ``nnodes`` nodes (1: this machine, ``torchrun --standalone``),
+    meeting at the c10d rendezvous ``endpoint`` (``HOST:PORT``, needed when nnodes > 1)
+    under ``rdzv_id`` (default: the run id)."""
+
+    nnodes: int = 1
+    endpoint: str | None = None
+    rdzv_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise BubblecastError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if self.nnodes > 1:
+            host, _, port = (self.endpoint or "").rpartition(":")
+            if not host or not port.isdigit():
+                raise BubblecastError(f"--rdzv-endpoint: expected HOST:PORT with --nnodes "
+                                      f"{self.nnodes}, got {self.endpoint!r}")
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1
+
+    def nproc(self, stages: int) -> int:
+        """Processes per node for ``stages`` ranks; BubblecastError unless they divide."""
+        if stages % self.nnodes:
+            raise BubblecastError(f"--nnodes: {stages} stages do not split over {self.nnodes} "
+                                  f"nodes (one process per stage)")
+        return stages // self.nnodes
+
+    def torchrun_args(self, nproc: int, run_id: str) -> list[str]:
+        """torchrun's placement arguments."""
+        if not self.multi:
+            return ["--standalone", "--nproc-per-node", str(nproc)]
+        return ["--nnodes", str(self.nnodes), "--nproc-per-node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.endpoint),
+                "--rdzv-id", self.rdzv_id or run_id]
+
+
+#: The nodes of jobs run in this context (:func:`on_nodes`); one node by default.
+_NODES: ContextVar[Nodes | None] = ContextVar("bubblecast_nodes", default=None)
+
+
+@contextmanager
+def on_nodes(nodes: Nodes) -> Iterator[None]:
+    """Run the jobs launched in the block (:func:`run_out_job`) on ``nodes``: lets a caller
+    that launches through another function (``run``'s controller) choose them."""
+    token = _NODES.set(nodes)
+    try:
+        yield
+    finally:
+        _NODES.reset(token)
 
 
 def torchrun_command(job_dir: str | Path, nproc: int, script: str | None = None,
-                     extra: list[str] | None = None, module: str = WORKER) -> list[str]:
-    """The torchrun command line running ``python -m module JOB_DIR`` on each rank (or a
-    ``script`` path with ``extra`` arguments: benchmarks)."""
+                     extra: list[str] | None = None, module: str = WORKER,
+                     nodes: Nodes | None = None, run_id: str = "bubblecast") -> list[str]:
+    """The torchrun command line running ``python -m module JOB_DIR`` on each of this node's
+    ``nproc`` ranks (or a ``script`` path with ``extra`` arguments: benchmarks)."""
     target = [script] if script else ["-m", module]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc), *target, str(job_dir), *(extra or [])]
+    return [sys.executable, "-m", "torch.distributed.run",
+            *(nodes or Nodes()).torchrun_args(nproc, run_id), *target, str(job_dir),
+            *(extra or [])]
 
 
 def worker_env() -> dict[str, str]:
@@ -83,11 +149,13 @@ def die_with_parent() -> Callable[[], None] | None:
 
 def launch(job_dir: str | Path, nproc: int, *, script: str | None = None,
            module: str = WORKER, extra: list[str] | None = None, timeout: float | None = None,
-           on_progress: Callable[[int, int, float | None], None] | None = None) -> int:
-    """Run the job; return torchrun's exit code (124 after ``timeout`` seconds, when torchrun
-    and its workers are stopped). Output goes to ``job_dir/torchrun.log``."""
+           on_progress: Callable[[int, int, float | None], None] | None = None,
+           nodes: Nodes | None = None, run_id: str = "bubblecast") -> int:
+    """Run the job (``nproc`` ranks on this node); return torchrun's exit code (124 after
+    ``timeout`` seconds, when torchrun and its workers are stopped). Output goes to
+    ``job_dir/torchrun.log``."""
     root = Path(job_dir)
-    cmd = torchrun_command(root, nproc, script, extra, module)
+    cmd = torchrun_command(root, nproc, script, extra, module, nodes, run_id)
     env = worker_env()
     if timeout is not None:  # collectives give up too, rather than wait for a dead peer
         env.setdefault("BUBBLECAST_DIST_TIMEOUT_S", str(max(10.0, timeout / 2)))
@@ -134,9 +202,13 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
                 actions: list[dict[str, Any]] | None = None, checkpoints: Any = None,
                 module: str = WORKER, extra: dict[str, Any] | None = None,
                 on_progress: Callable[[int, int, float | None], None] | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+                timeout: float | None = None, nodes: Nodes | None = None) -> dict[str, Any]:
     """Run a job writing the events file ``out`` in its ``OUT.partial`` folder
     (:class:`~bubblecast.runtime.jobdir.JobDir`); rank 0's summary.
+
+    ``nodes``: default those of :func:`on_nodes` (this machine alone). On several nodes each
+    node's command runs its share of the ranks and returns rank 0's summary; ``out`` must be
+    the same path on a filesystem every node sees.
 
     ``checkpoints``: a :class:`~bubblecast.runtime.checkpoint.CheckpointOptions` (save every
     N steps, or resume from the latest checkpoint up to ``config.steps``); ``extra``: more
@@ -148,29 +220,39 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
 
     from bubblecast.runtime.jobdir import JobDir
 
+    nodes = nodes or _NODES.get() or Nodes()
+    nproc = nodes.nproc(config.stages)
+    if nodes.multi and checkpoints is not None:
+        raise BubblecastError("--checkpoint-dir: checkpoints are not supported with --nnodes > 1")
     resume, start, at = (checkpoints.resolve(asdict(config.model), config.steps)
                          if checkpoints is not None else (None, 0, {}))
     out = Path(out)
-    jobs, ok = JobDir(out, resuming=resume is not None).open(), False
+    node = f"{socket.gethostname()}-{os.getpid()}" if nodes.multi else None
+    jobs, ok = JobDir(out, resuming=resume is not None, node=node).open(), False
     try:
         origin = jobs.origin() if resume is not None and jobs.carry(start, config.run_id) else None
         path = write_job(jobs.root, config, out=str(out.resolve()), actions=actions,
                          progress=True, checkpoint_at=at, resume=resume)
         job = json.loads(path.read_text())
-        job.update(parts=jobs.parts.name, until=config.steps if resume else None,
+        job.update(parts=os.path.relpath(jobs.parts, jobs.root),
+                   until=config.steps if resume else None,
                    origin_wall=origin, **(extra or {}))
         path.write_text(json.dumps(job, indent=1))
         with _sigterm_interrupts():
-            code = launch(jobs.root, config.stages, module=module, on_progress=on_progress,
-                          timeout=timeout)
-        done = jobs.root / "summary.json"  # rank 0 writes it after every rank's last collective
-        if code != 0 and not (done.exists() and out.exists()):
+            code = launch(jobs.root, nproc, module=module, on_progress=on_progress,
+                          timeout=timeout, nodes=nodes, run_id=config.run_id)
+        # rank 0 writes it after every rank's last collective (multi-node: maybe elsewhere)
+        done = jobs.summary(SUMMARY_WAIT_S if nodes.multi and code == 0 else 0.0)
+        if code != 0 and not (done is not None and out.exists()):
             raise jobs.failed("training " + (f"timed out after {timeout:g} s" if code == 124
                                              and timeout else
                                              f"failed: {failure_message(jobs.root, code)}"))
         if code != 0:
             print(f"bubblecast: warning: {failure_message(jobs.root, code)} after training "
                   f"finished and {out} was written (ignored)", file=sys.stderr)
+        if done is None:
+            raise jobs.failed(f"rank 0's summary did not appear in {jobs.shared} within "
+                              f"{SUMMARY_WAIT_S:g} s of this node's ranks finishing")
         summary = json.loads(done.read_text())
         ok = True
     except KeyboardInterrupt as exc:

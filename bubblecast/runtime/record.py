@@ -23,7 +23,9 @@ timed with CUDA events on the stage's current stream (``timing="device"``), else
 ``perf_counter`` (``timing="host"``); the run metadata says which (``timing``).
 
 Entering the block is a collective over the pipeline group (one ``all_gather_object``: rank
-0's clock origin and run id, each stage's layer count); exiting is local.
+0's clock origin and run id, each stage's layer count; then a few round trips per rank with
+rank 0 measuring its clock offset, so hosts whose clocks differ record on rank 0's clock);
+exiting is local.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from types import TracebackType
 from typing import Any
 
 from bubblecast.errors import BubblecastError
+from bubblecast.runtime.clock import ClockEstimate, estimate_offsets, wall_clock
 from bubblecast.runtime.inject import Injection, parse_inject
 from bubblecast.runtime.recorder import Recorder
 from bubblecast.telemetry.schema import RunMeta
@@ -191,6 +194,12 @@ class Recording:
             self.recorder.end_step()
             self.step += 1
 
+    @property
+    def clock(self) -> list[ClockEstimate]:
+        """This rank's clock-offset estimates against rank 0, oldest first (none when not
+        recording)."""
+        return list(self.recorder.clock_estimates)
+
     def frame(self) -> Any:
         """The rows kept in memory (``out=None``) as a DataFrame."""
         return self.recorder.frame()
@@ -259,7 +268,7 @@ def _gather(stages: list[Any], run_id: str | None, events_dir: Callable[[str], P
         clash = f"{where}: already holds rank {rank}'s events of run '{run_id}' (choose " \
                 f"another run_id or out, or remove them)"
     boxes: list[Any] = [None] * stages[0].group_size
-    origin = time.time() if origin_wall is None else float(origin_wall)
+    origin = wall_clock() if origin_wall is None else float(origin_wall)
     dist.all_gather_object(boxes, (origin, rid, counts, clash), group=group)
     errors = [b[3] for b in boxes if b[3]]
     if errors:
@@ -290,7 +299,8 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
            replica: int = 0, replicas: int = 1, first_step: int = 0,
            meta: Callable[[], RunMeta] | None = None, layers: ChunkLayers | None = None,
            enabled: bool = True, parts_dir: str | Path | None = None,
-           origin_wall: float | None = None, metrics_every: int = 0) -> Recording:
+           origin_wall: float | None = None, metrics_every: int = 0,
+           clock_every: int = 0) -> Recording:
     """Record the steps of ``schedule`` (a ``torch.distributed.pipelining`` schedule).
 
     ``out``: directory for the events parts (None: keep them in memory, :meth:`Recording.frame`);
@@ -305,11 +315,15 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
     origin, default its current time) serve callers that know their plan (the built-in
     trainer). ``metrics_every``: sample device metrics (NVML on NVIDIA GPUs, else the OS's CPU
     temperature, clock and load) every that many steps into ``rank<r>.metrics`` (0: never;
-    emulated temperatures and announced tokens are written regardless). Use as a context
-    manager, or call :meth:`Recording.close`.
+    emulated temperatures and announced tokens are written regardless). ``clock_every``:
+    re-estimate this rank's clock offset against rank 0 every that many steps (0: only at
+    start; see :mod:`bubblecast.runtime.clock`; :attr:`Recording.clock` holds the estimates).
+    Use as a context manager, or call :meth:`Recording.close`.
     """
     opts = RecordOptions(flush_every, min_part_s, layer_cost_every, timing, replica, replicas,
                          tokens)
+    if clock_every < 0:
+        raise BubblecastError(f"record: clock_every must be >= 0, got {clock_every}")
     stages = stages_of(schedule)
     root = None if out is None else Path(out)
     if root is not None and root.exists() and not root.is_dir():
@@ -329,6 +343,8 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
     timer = _timer(stages, opts.timing)
     check = (lambda rid: None) if parts_dir is not None else parts  # its caller manages it
     origin, rid, counts = _gather(stages, run_id, check, origin_wall)
+    group = stages[0].group
+    estimate = estimate_offsets(group, step=first_step) if enabled else None
     if meta is None:
         first = {i: sum(counts[j] for j in counts if j < i) for i in counts}
         layers = layers if layers is not None else local_layers(stages, first)
@@ -339,7 +355,8 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
         flush_every=opts.flush_every, min_part_s=opts.min_part_s,
         layer_cost_every=opts.layer_cost_every, record=enabled,
         injections=injections, replica=opts.replica, device=str(stages[0].device),
-        timer=timer, metrics_every=metrics_every)
+        timer=timer, metrics_every=metrics_every, clock=estimate, clock_group=group,
+        clock_every=clock_every)
     recording = Recording(recorder, first_step=first_step, tokens=opts.tokens,
                           events_dir=parts(rid), origin_wall=origin)
     recording.attach(schedule, layers=layers, optimizer=optimizer)

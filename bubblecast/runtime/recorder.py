@@ -10,7 +10,8 @@ durations: step hooks, per-layer cost sampling): no synchronize per op. A backgr
 turns the buffer into a validated events part every ``flush_every`` steps (and no sooner than
 ``min_part_s`` seconds after the previous part: a part costs ~10 ms of CPU whatever its
 size, so fast steps get fewer, larger parts). Timestamps are ``perf_counter`` values (device
-times mapped onto it) relative to a run origin broadcast by rank 0 (shared by all ranks).
+times mapped onto it) relative to a run origin broadcast by rank 0, on rank 0's clock (the
+offset of :mod:`bubblecast.runtime.clock`, estimated at start and every ``clock_every`` steps).
 
 The same wrapper emulates slowdowns: on the host clock, after an op it sleeps
 ``(multiplier - 1) x`` the op's measured time; on the device it queues that much spinning on
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bubblecast.runtime import clock as clocks
 from bubblecast.runtime.inject import Injection, multiplier
 from bubblecast.runtime.parts import PartWriter, event_columns, merge_parts
 from bubblecast.runtime.sampler import MetricLog
@@ -100,7 +102,9 @@ class Recorder:
                  flush_every: int = 50, layer_cost_every: int = 0, record: bool = True,
                  injections: list[Injection] | None = None, replica: int = 0,
                  device: str = "cpu", timer: EventTimer | None = None,
-                 min_part_s: float = 0.0, metrics_every: int = 0) -> None:
+                 min_part_s: float = 0.0, metrics_every: int = 0,
+                 clock: clocks.ClockEstimate | None = None, clock_group: Any = None,
+                 clock_every: int = 0) -> None:
         import socket
 
         self.run_id, self.rank, self.stage, self.replica = run_id, rank, stage, replica
@@ -122,7 +126,11 @@ class Recorder:
             from bubblecast.runtime.device_timing import DeviceDelay
 
             self._delay = DeviceDelay(timer)
-        self._offset = time.time() - time.perf_counter() - origin_wall
+        # perf_counter -> seconds since the origin on this host's clock (+ offset to rank 0's)
+        self._offset = clocks.wall_clock() - time.perf_counter() - origin_wall
+        self.clock_group, self.clock_every = clock_group, clock_every if clock else 0
+        self.clock_estimates = [clock] if clock is not None else []
+        self._segments = [(clock.step if clock else 0, clock.offset_s if clock else 0.0)]
         self._rows: list[tuple] = []
         self._kept: list[tuple] = []  # all rows, when there is no events_dir
         self._step = 0
@@ -240,11 +248,20 @@ class Recorder:
 
     # -- per step -----------------------------------------------------------------------
     def begin_step(self, step: int, tokens_per_microbatch: int) -> None:
+        if self.clock_every and step % self.clock_every == 0 and step != self._segments[-1][0]:
+            self.reestimate_clock(step)  # collective: every rank begins this step
         self._step, self._tokens, self.capture = step, tokens_per_microbatch, True
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
         self.metrics.begin_step(step)
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
             self._start_sampling()
+
+    def reestimate_clock(self, step: int) -> clocks.ClockEstimate:
+        """Collective (clock group): a new offset against rank 0 for the rows from ``step``."""
+        estimate = clocks.estimate_offsets(self.clock_group, step=step)
+        self.clock_estimates.append(estimate)
+        self._segments.append((step, estimate.offset_s))
+        return estimate
 
     def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
         """Known-future workload (a ``tokens`` device metric): call for the next K steps."""
@@ -346,9 +363,10 @@ class Recorder:
 
     # -- output -------------------------------------------------------------------------
     def _columns(self, rows: list[tuple]) -> dict[str, Any]:
+        shift = clocks.offsets_by_step(tuple(self._segments), rows)  # read by the writer thread
         return event_columns(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
                              replica=self.replica, host=self.host, device=self.device,
-                             offset=self._offset)
+                             offset=self._offset + shift)
 
     def frame(self) -> Any:
         """Rows kept in memory (``events_dir`` None) plus unflushed rows, as a DataFrame."""

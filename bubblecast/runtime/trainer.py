@@ -35,6 +35,8 @@ from bubblecast.telemetry.schema import RunMeta
 METRICS_EVERY = 10
 #: Steps ahead the trainer's data loader announces tokens per micro-batch (known-future).
 ANNOUNCE_AHEAD = 10
+#: Steps between clock-offset estimates against rank 0 (besides the one at start).
+CLOCK_EVERY = 100
 
 #: ``on_step_end(trainer, loss)`` runs on rank 0 and returns an action to broadcast, or None.
 StepCallback = Callable[["Trainer", "float | None"], "Action | dict | None"]
@@ -147,7 +149,8 @@ class Trainer:
             optimizer=self.optimizer, flush_every=config.flush_every, min_part_s=0.0,
             layer_cost_every=config.layer_cost_every, inject=config.injections,
             first_step=self.step, meta=self.run_meta, layers=self._chunk_layers(),
-            enabled=record, origin_wall=origin_wall, metrics_every=METRICS_EVERY)
+            enabled=record, origin_wall=origin_wall, metrics_every=METRICS_EVERY,
+            clock_every=CLOCK_EVERY)
         #: scheduled steps for run metadata ``calendar`` (e.g. ``{"checkpoint_every": N}``),
         #: set by whoever schedules them; known-future covariates of the dataset
         self.calendar: dict[str, int] = {}
@@ -292,8 +295,16 @@ class Trainer:
         dist.all_gather_object(boxes, self.recorder.layer_costs, group=self.group)
         return sorted((r for part in boxes for r in part), key=lambda r: (r["step"], r["layer"]))
 
-    def run_meta(self, layer_costs: list[dict[str, Any]] | None = None) -> RunMeta:
-        """SPEC run metadata: the initial plan, plus actions, emulation and layer costs."""
+    def gather_clock(self) -> list[Any]:
+        """Collective: every rank's clock-offset estimates against rank 0."""
+        boxes: list[Any] = [None] * self.world
+        dist.all_gather_object(boxes, self.recording.clock, group=self.group)
+        return [e for part in boxes for e in part]
+
+    def run_meta(self, layer_costs: list[dict[str, Any]] | None = None,
+                 clock: list[Any] | None = None) -> RunMeta:
+        """SPEC run metadata: the initial plan, plus actions, emulation, layer costs and the
+        ranks' clock offsets against rank 0 (``clock``: estimates and uncertainties)."""
         from dataclasses import asdict
 
         init, c = self.initial_plan, self.config
@@ -304,6 +315,10 @@ class Trainer:
         }
         if self.calendar:
             extra["calendar"] = dict(self.calendar)
+        if clock:
+            from bubblecast.runtime.clock import summarize
+
+            extra["clock"] = summarize(clock, CLOCK_EVERY)
         if c.inject:
             extra["emulated_slowdown"] = {"spec": c.inject,
                                           "injections": [i.to_json() for i in c.injections]}
@@ -322,11 +337,11 @@ class Trainer:
     def close(self, out: str | None = None) -> int | None:
         """Collective: flush telemetry; rank 0 merges the parts into ``out``; its row count."""
         self.recording.close()
-        costs = self.gather_layer_costs()
+        costs, clock = self.gather_layer_costs(), self.gather_clock()
         rows = None
         if self.rank == 0 and out is not None and self.config.events_dir is not None:
             rows = merge_parts(self.config.events_dir, out, self.config.run_id,
-                               self.run_meta(costs))
+                               self.run_meta(costs, clock))
             _merge_metrics(self.config.events_dir, out)
         dist.barrier(group=self.group)
         return rows
