@@ -14,9 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from bubblecast.dataset.window import Window
+from bubblecast.errors import BubblecastError
 from bubblecast.forecast.served import ForecastModel, ModelInfo
 from bubblecast.policy import speeds
-from bubblecast.serve.schemas import ForecastRequest, ModelRef, RequestError
+from bubblecast.serve.schemas import ForecastRequest, ModelRef, Pipeline, RequestError
+from bubblecast.sim.shape import PipelineShape
+from bubblecast.sim.steptime import timing_shape
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,19 @@ class WindowForecast:
     delay_q: np.ndarray
     work_ahead: np.ndarray
     seconds: np.ndarray
+
+
+def request_shape(pipe: Pipeline) -> PipelineShape:
+    """The request's pipeline as THE timeable :class:`PipelineShape` (what both routes time);
+    RequestError naming the field (``pipeline.<name>``) when the engine cannot time it."""
+    try:
+        return timing_shape(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks,
+                            pipe.comm_s)
+    except BubblecastError as exc:
+        name, _, rest = str(exc).partition(": ")
+        if name.startswith("--") and rest:
+            raise RequestError(f"pipeline.{name[2:]}", rest) from None
+        raise RequestError("pipeline", str(exc)) from None
 
 
 def _matrix(req: ForecastRequest, index: np.ndarray, name: str) -> np.ndarray | None:

@@ -14,9 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from bubblecast.errors import BubblecastError
 from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
-from bubblecast.serve.inputs import Loaded, forecast_window
+from bubblecast.serve.inputs import Loaded, forecast_window, request_shape
 from bubblecast.serve.recommend import recommend
 from bubblecast.serve.schemas import (
     ForecastRequest,
@@ -27,22 +26,9 @@ from bubblecast.serve.schemas import (
     RecommendResponse,
     RequestError,
 )
-from bubblecast.sim.shape import PipelineShape
-from bubblecast.sim.steptime import stage_op_durations, step_times, timing_shape
+from bubblecast.sim.steptime import stage_op_durations, step_times
 
 Loader = Callable[[], tuple[ForecastModel, ModelInfo]]
-
-
-def _timing_shape(pipe: Any) -> PipelineShape:
-    """The request's pipeline as a timeable shape; RequestError naming the field otherwise."""
-    try:
-        return timing_shape(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks,
-                            pipe.comm_s)
-    except BubblecastError as exc:
-        name, _, rest = str(exc).partition(": ")
-        if name.startswith("--") and rest:
-            raise RequestError(f"pipeline.{name[2:]}", rest) from None
-        raise RequestError("pipeline", str(exc)) from None
 
 
 def validation_error(exc: ValidationError) -> RequestError:
@@ -123,7 +109,7 @@ class Predictor:
         loaded = self._loaded
         fc = forecast_window(loaded, req)
         pipe = req.pipeline
-        shape = _timing_shape(pipe)
+        shape = request_shape(pipe)
         step, bubble = step_times(shape, stage_op_durations(shape, fc.seconds[:, :, 1].T,
                                                             pipe.op_weights))
         per_rank = fc.seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists

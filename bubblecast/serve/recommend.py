@@ -31,9 +31,9 @@ from bubblecast.policy.decision import Decision
 from bubblecast.policy.policies import PolicyState, PredictivePolicy
 from bubblecast.policy.solver import stage_work
 from bubblecast.policy.speeds import ModelSpeeds
-from bubblecast.serve.inputs import Loaded, check_servable, request_window
+from bubblecast.serve.inputs import Loaded, check_servable, request_shape, request_window
 from bubblecast.serve.schemas import RecommendRequest, RecommendResponse, RequestError
-from bubblecast.sim.steptime import predicted_step, timing_shape
+from bubblecast.sim.steptime import predicted_step
 
 
 class TokensAhead:
@@ -96,8 +96,7 @@ def _state(req: RecommendRequest, speeds: np.ndarray, costs: np.ndarray) -> Poli
     t = speeds.shape[0] - 1
     last = None if req.steps_since_action is None else t - req.steps_since_action
     return PolicyState(t=t, history=speeds, partition=tuple(req.partition), costs=costs,
-                       pipeline=timing_shape(pipe.schedule, pipe.stages, pipe.microbatches,
-                                             pipe.chunks, pipe.comm_s),
+                       pipeline=request_shape(pipe),
                        migration=MigrationCost(param_bytes, constants), last_action=last)
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim.schedules import SCHEDULES as SCHEDULE_TABLE
 
 MAX_WINDOW = 1024  # steps of history per rank
 MAX_STAGES = 256
@@ -27,7 +28,11 @@ MAX_HORIZON = 10_000
 MAX_SECONDS = 1e6  # any single time value
 MAX_WORK = 1e12  # work units (layer cost, tokens) per value
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+#: The schedules the service accepts: rows of THE schedule table
+#: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), in the
+#: order the OpenAPI schema lists them. The engine times more (zbv, dualpipev, ...); the service
+#: takes these five, whose rules (one chunk, or ``chunks`` with interleaved) it checks here.
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 PositiveWork = Annotated[float, Field(gt=0.0, le=MAX_WORK, allow_inf_nan=False)]
@@ -78,7 +83,7 @@ class RankWindow(_Strict):
 class Pipeline(_Strict):
     """The schedule the bubble fraction and step times are simulated with."""
 
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"] = "1f1b"
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
     stages: int = Field(ge=1, le=MAX_STAGES)
     microbatches: int = Field(ge=1, le=MAX_MICROBATCHES)
     chunks: int = Field(1, ge=1, le=MAX_CHUNKS, description="model chunks per rank (interleaved)")
@@ -91,7 +96,7 @@ class Pipeline(_Strict):
         ops = self.stages * self.microbatches * self.chunks * 3
         if ops > MAX_OPS:
             raise ValueError(f"stages x microbatches x chunks x 3 = {ops} ops, limit {MAX_OPS}")
-        if self.chunks > 1 and self.schedule != "interleaved":
+        if self.chunks > 1 and not SCHEDULE_TABLE[self.schedule].multi_chunk:
             raise ValueError(f"chunks: {self.chunks} chunks need schedule 'interleaved'")
         return self
 

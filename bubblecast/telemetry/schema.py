@@ -20,7 +20,6 @@ OPS: tuple[str, ...] = (
 )  # fmt: skip
 COMPUTE_OPS: tuple[str, ...] = ("F", "B", "W")
 COMM_OPS: tuple[str, ...] = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
 
 REQUIRED: dict[str, pa.DataType] = {
     "run_id": pa.string(),

@@ -229,3 +229,19 @@ def test_openapi_publishes_the_routes_and_schemas(client):
     assert {"ForecastRequest", "ForecastResponse", "RecommendRequest",
             "RecommendResponse"} <= set(schemas)
     assert "422" in spec["paths"]["/v1/forecast"]["post"]["responses"]
+
+
+def test_served_schedules_are_rows_of_the_one_schedule_table(client):
+    """The OpenAPI enum is serve.schemas.SCHEDULES, each a simulable row of sim's table, and
+    only the table's multi-chunk rows take chunks."""
+    from bubblecast.serve.schemas import SCHEDULES
+    from bubblecast.sim.schedules import SCHEDULES as TABLE
+
+    spec = client.get("/openapi.json").json()
+    assert spec["components"]["schemas"]["Pipeline"]["properties"]["schedule"]["enum"] == \
+        list(SCHEDULES)
+    assert all(TABLE[name].simulable for name in SCHEDULES)
+    for name in SCHEDULES:
+        r = post(client, "/v1/forecast", _with("pipeline.chunks", 2, _with("pipeline.schedule",
+                                                                           name)))
+        assert (r.status_code == 422) == (not TABLE[name].multi_chunk), (name, r.text)
