@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from wrkload import require_wrk, run_wrk, summarize, write_bodies  # benchmarks/
+from wrkload import generator_check, require_wrk, run_wrk, summarize, table, write_bodies
 
 from bubblecast.telemetry.io import atomic_write_text
 
@@ -307,25 +307,14 @@ def one_run(procs: dict, files: dict[str, Path], rates: list[float], seconds: fl
     return slots
 
 
-def table(summary: dict, speedups: list[float]) -> str:
-    lines = [f"{'server@rate':<22} {'p50 ms (median, range)':>28} "
-             f"{'p99 ms (median, range)':>28} {'req/s':>8}"]
-    for key, s in summary.items():
-        p50, p99, thr = s["p50_ms"], s["p99_ms"], s["achieved_rps"]
-        lines.append(f"{key:<22} {p50['median']:>10.2f} ({p50['min']:.2f}-{p50['max']:.2f})"
-                     f"{'':>3} {p99['median']:>10.2f} ({p99['min']:.2f}-{p99['max']:.2f})"
-                     f"{'':>3} {thr['median']:>8.1f}")
-    lines.append("capacity bubblecast / mlflow, per pair: "
-                 + ", ".join(f"{x:.2f}x" for x in speedups))
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs, each with fresh servers")
     ap.add_argument("--rates", default="100,250,500", help="offered rates, req/s")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds per slot")
     ap.add_argument("--goal-rate", type=float, default=500.0)
+    ap.add_argument("--generator-check", action=argparse.BooleanOptionalAction, default=True,
+                    help="in run 1, also wrk vs the Python generator at the goal rate")
     ap.add_argument("--runs", type=int, default=8, help="synthetic training runs")
     ap.add_argument("--out", type=Path,
                     default=ROOT / "benchmarks" / "results" / "bench_serve.json")
@@ -362,6 +351,11 @@ def main() -> None:
                                                      procs["mlflow"][1], ours[0], theirs[0],
                                                      work[0])
                 runs.append(one_run(procs, files, rates, args.seconds))
+                if i == 0 and args.generator_check:
+                    proc, port, path = procs["bubblecast"]
+                    results["generator_check"] = generator_check(
+                        port, path, files["bubblecast"], ours, rate=args.goal_rate,
+                        seconds=args.seconds, server_pid=proc.pid)
             finally:
                 for proc, _, _ in procs.values():
                     stop(proc)
@@ -386,7 +380,7 @@ def main() -> None:
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results["runs"] = [[{k: v for k, v in s.items() if k != "latency_ms"} for s in slots]
                        for slots in runs]
-    print(table(summary, speedups))
+    print(table(summary, speedups, results.get("generator_check")))
     print(f"outputs agree: {results['outputs_agree']}; goals: {results['goals']}; load "
           f"{results['machine']['loadavg_at_start'][0]} at start, "
           f"{results['machine']['loadavg_at_end'][0]} at end")

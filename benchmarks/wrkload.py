@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,11 +57,11 @@ def run_wrk(port: int, path: str, bodies: Path, *, rate: float, seconds: float,
            "--timeout", "30s", "-s", str(LUA), f"http://127.0.0.1:{port}{path}", "--",
            f"{rate:g}", str(bodies), str(connections)]
     load_before = round(os.getloadavg()[0], 2)
-    cpu0 = process_cpu_s(server_pid)
+    cpu0, gen0 = process_cpu_s(server_pid), _children_cpu_s()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     wall = time.perf_counter() - t0
-    cpu = process_cpu_s(server_pid) - cpu0
+    cpu, gen = process_cpu_s(server_pid) - cpu0, _children_cpu_s() - gen0
     if "BENCH_JSON " not in proc.stdout:
         raise RuntimeError(f"wrk gave no result (exit {proc.returncode}): "
                            f"{(proc.stderr or proc.stdout)[-500:]}")
@@ -74,8 +75,55 @@ def run_wrk(port: int, path: str, bodies: Path, *, rate: float, seconds: float,
            "socket_errors": int(errors), "load_before": load_before,
            "load_after": round(os.getloadavg()[0], 2), "wall_s": round(wall, 2),
            "latency_ms": lat.round(3).tolist()}
+    if n:
+        out["generator_cpu_ms_per_req"] = round(gen * 1e3 / n, 3)
     if server_pid is not None and n:
         out["server_cpu_ms_per_req"] = round(cpu * 1e3 / n, 3)
+    return out
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def python_load(port: int, path: str, bodies: list[bytes], *, rate: float, seconds: float,
+                server_pid: int | None = None) -> dict:
+    """The same open-loop level driven by ``loadgen.py`` (Python, asyncio, 32 connections, in
+    this process), as bench_serve measured before: for comparison with wrk only."""
+    from loadgen import load
+
+    load_before = round(os.getloadavg()[0], 2)
+    cpu0, gen0 = process_cpu_s(server_pid), time.process_time()
+    r = load("127.0.0.1", port, lambda i: ("POST", path, bodies[i % len(bodies)]),
+             total=int(rate * seconds), concurrency=32, time_limit_s=seconds + 10, rate=rate)
+    cpu, gen = process_cpu_s(server_pid) - cpu0, time.process_time() - gen0
+    n = max(r.completed, 1)
+    return {"rate": rate, "seconds": seconds, "connections": 32, "requests": r.completed,
+            "achieved_rps": round(r.throughput, 1), "non200": len(r.errors),
+            "socket_errors": 0, "load_before": load_before,
+            "load_after": round(os.getloadavg()[0], 2),
+            "generator_cpu_ms_per_req": round(gen * 1e3 / n, 3),
+            "server_cpu_ms_per_req": round(cpu * 1e3 / n, 3),
+            "latency_ms": (r.latency_s * 1e3).round(3).tolist()}
+
+
+def generator_check(port: int, path: str, body_file: Path, bodies: list[bytes], *,
+                    rate: float, seconds: float, server_pid: int | None) -> dict:
+    """wrk, Python, wrk, Python at ``rate`` on one server: pooled percentiles per generator,
+    and each slot's generator and server CPU per request."""
+    slots = []
+    for gen in ("wrk", "python") * 2:
+        if gen == "wrk":
+            r = run_wrk(port, path, body_file, rate=rate, seconds=seconds,
+                        server_pid=server_pid)
+        else:
+            r = python_load(port, path, bodies, rate=rate, seconds=seconds,
+                            server_pid=server_pid)
+        slots.append({"generator": gen, **r})
+    out: dict = {g: percentiles([x for s in slots if s["generator"] == g
+                                 for x in s["latency_ms"]]) for g in ("wrk", "python")}
+    out["slots"] = [{k: v for k, v in s.items() if k != "latency_ms"} for s in slots]
     return out
 
 
@@ -107,3 +155,20 @@ def summarize(runs: list[list[dict]], rates: list[float]) -> dict:
                    for k in ("p50_ms", "p99_ms", "achieved_rps")}
             out[f"{name}@{'capacity' if rate == 0 else f'{rate:g}'}"] = {"runs": per_run, **agg}
     return out
+
+
+def table(summary: dict, speedups: list[float], check: dict | None) -> str:
+    """The printed summary: median (range) of the runs per server and rate."""
+    lines = [f"{'server@rate':<22} {'p50 ms (median, range)':>28} "
+             f"{'p99 ms (median, range)':>28} {'req/s':>8}"]
+    for key, s in summary.items():
+        p50, p99, thr = s["p50_ms"], s["p99_ms"], s["achieved_rps"]
+        lines.append(f"{key:<22} {p50['median']:>10.2f} ({p50['min']:.2f}-{p50['max']:.2f})"
+                     f"{'':>3} {p99['median']:>10.2f} ({p99['min']:.2f}-{p99['max']:.2f})"
+                     f"{'':>3} {thr['median']:>8.1f}")
+    lines.append("capacity bubblecast / mlflow, per pair: "
+                 + ", ".join(f"{x:.2f}x" for x in speedups))
+    for gen, p in (check or {}).items():
+        if gen != "slots":
+            lines.append(f"generator check, {gen}: p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms")
+    return "\n".join(lines)
