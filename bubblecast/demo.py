@@ -187,17 +187,13 @@ def dataset(demo: Demo) -> dict[str, Any]:
 def train(demo: Demo) -> dict[str, Any]:
     """Train both models as ``bubblecast train`` does (fit, hold out runs, save; log and
     register in the demo's MLflow store); alias the one of higher held-out skill champion."""
-    from bubblecast.forecast.tracking import _quiet
+    from bubblecast.forecast.tracking import create_experiment
     from bubblecast.forecast.training import train_model
 
     c, uri = demo.config, f"sqlite:///{(demo.out / 'mlflow.db').as_posix()}"
     uri = uri if c.track else None
     if uri:  # the experiment first, so that its artifacts go to <out>/mlruns
-        _quiet()
-        import mlflow
-
-        mlflow.MlflowClient(tracking_uri=uri).create_experiment(
-            EXPERIMENT, artifact_location=demo.dir("mlruns").as_uri())
+        create_experiment(uri, EXPERIMENT, demo.dir("mlruns"))
     params = {"lgbm": {"n_estimators": c.lgbm_estimators, "num_leaves": c.lgbm_leaves},
               "seq": {"epochs": c.seq_epochs, "hidden": c.seq_hidden}}
     models: dict[str, Any] = {}
@@ -216,6 +212,8 @@ def train(demo: Demo) -> dict[str, Any]:
     champion = max(MODELS, key=lambda k: -np.inf if models[k]["skill"] is None
                    else models[k]["skill"])
     if uri:
+        import mlflow
+
         client = mlflow.MlflowClient(tracking_uri=uri)
         version = client.get_model_version_by_alias(MODEL_NAME, champion).version
         client.set_registered_model_alias(MODEL_NAME, "champion", version)

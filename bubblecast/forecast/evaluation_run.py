@@ -32,31 +32,21 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
     for ref in model_refs:
         note(f"loading {ref}")
         loaded.append(load_model(ref, tracking_uri=tracking_uri))
-    names = unique_names([m.kind for m in loaded], taken=list(BASELINES))
+    names = model_names([m.kind for m in loaded])
     models = dict(zip(names, loaded, strict=True))
-    note(f"forecasting {len(frame)} rows")
-    wanted = {name: [h for h in m.horizons_ if f"y_h{h}" in frame.columns]
-              for name, m in models.items()}
+    preds = None
     if cluster is not None:
         from bubblecast.forecast.dask_train import predictions_on_cluster
 
         if not Path(features).is_dir():
             raise BubblecastError(f"{features}: --cluster needs a features dataset "
                                   "partitioned by run (`bubblecast dataset ... --out DIR/`)")
+        note(f"forecasting {len(frame)} rows")
         preds = predictions_on_cluster(Path(features), meta, dict(zip(names, model_refs,
-                                       strict=True)), wanted, tracking_uri, cluster)
-    else:
-        preds = {name: m.predict_signal(frame, wanted[name]) for name, m in models.items()}
-    note("scoring")
-    result = evaluate(frame, models, seed=seed, predictions=preds)
-    from bubblecast.dataset.covariates import covariate_columns
-
-    if covariate_columns(frame.columns):
-        note("skill with and without covariates")
-        result.covariates = covariate_ablation(frame, seed=seed)  # type: ignore[attr-defined]
-    if meta.run_info:
-        note("replaying forecasts through the schedule")
-        result.bubbles = bubbles_per_model(frame, preds, meta.run_info)
+                                       strict=True)), _wanted(frame, models), tracking_uri,
+                                       cluster)
+    result, preds = score_models(frame, meta, models, seed=seed, predictions=preds,
+                                 progress=note)
     pngs = []
     if plot_dir is not None:
         from bubblecast.forecast.plots import plot_forecasts
@@ -69,6 +59,44 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
         _log_evaluation(result, meta.fingerprint, model_refs, names, seed, tracking_uri, frame,
                         preds, pngs)
     return result
+
+
+def model_names(kinds: list[str]) -> list[str]:
+    """The names ``evaluate`` reports models under: their kinds, numbered on repeats and
+    where a baseline has the name (``ewma-2`` beside the ``ewma`` baseline)."""
+    return unique_names(kinds, taken=list(BASELINES))
+
+
+def _wanted(frame: pd.DataFrame, models: dict[str, Any]) -> dict[str, list[int]]:
+    """Per model, the horizons it forecasts that the features have targets for."""
+    return {name: [h for h in m.horizons_ if f"y_h{h}" in frame.columns]
+            for name, m in models.items()}
+
+
+def score_models(frame: pd.DataFrame, meta: Any, models: dict[str, Any], seed: int = 0,
+                 predictions: dict[str, dict[int, Any]] | None = None,
+                 progress: Callable[[str], None] | None = None
+                 ) -> tuple[Evaluation, dict[str, dict[int, Any]]]:
+    """Score fitted ``models`` (name -> forecaster) with the baselines on an in-memory features
+    ``frame`` and its ``meta`` (as :func:`~bubblecast.dataset.store.read_features` returns):
+    the evaluation (with covariate ablation and bubble replay when the data allow) and the
+    forecasts ``{name: {h: (n, 3)}}`` (``predictions`` when given, else made here)."""
+    note = progress or (lambda _msg: None)
+    if predictions is None:
+        note(f"forecasting {len(frame)} rows")
+        wanted = _wanted(frame, models)
+        predictions = {name: m.predict_signal(frame, wanted[name]) for name, m in models.items()}
+    note("scoring")
+    result = evaluate(frame, models, seed=seed, predictions=predictions)
+    from bubblecast.dataset.covariates import covariate_columns
+
+    if covariate_columns(frame.columns):
+        note("skill with and without covariates")
+        result.covariates = covariate_ablation(frame, seed=seed)  # type: ignore[attr-defined]
+    if meta.run_info:
+        note("replaying forecasts through the schedule")
+        result.bubbles = bubbles_per_model(frame, predictions, meta.run_info)
+    return result, predictions
 
 
 def bubbles_per_model(frame: object, preds: dict, run_info: dict) -> pd.DataFrame:

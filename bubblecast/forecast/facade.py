@@ -5,17 +5,16 @@ of models. ``fit(runs)`` builds the leakage-free features frame with :mod:`bubbl
 and fits each model; ``predict(window)`` forecasts from an online
 :class:`~bubblecast.dataset.window.Window` (or recent events) through the same path the service
 uses (:class:`~bubblecast.forecast.served.FeatureModel`); ``evaluate(runs)`` returns the
-``evaluate --json`` object (it runs :func:`~bubblecast.forecast.evaluation_run.run_evaluation`
-on the features and the saved models); ``save``/``load`` use the model-directory format
-(:mod:`bubblecast.forecast.modeldir`), so ``serve`` and ``evaluate`` accept what ``save``
-writes. Estimator rules as scikit-learn: ``__init__`` stores parameters, ``fit`` returns self,
-fitted attributes end in ``_``.
+``evaluate --json`` object (the CLI's scoring,
+:func:`~bubblecast.forecast.evaluation_run.score_models`, on the features and models in
+memory); ``save``/``load`` use the model-directory format (:mod:`bubblecast.forecast.modeldir`),
+so ``serve`` and ``evaluate`` accept what ``save`` writes. Estimator rules as scikit-learn:
+``__init__`` stores parameters, ``fit`` returns self, fitted attributes end in ``_``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -235,17 +234,14 @@ class BubbleForecast:
     def evaluate(self, runs: Runs, seed: int | None = None) -> dict[str, Any]:
         """The ``evaluate --json`` object of the fitted models on ``runs`` (MAE, coverage and
         skill per model and horizon, with the best baseline): the CLI's own evaluation, run
-        on these runs' features and the models as :meth:`save` writes them."""
-        from bubblecast.dataset.store import write_features
-        from bubblecast.forecast.evaluation_run import run_evaluation
+        on these runs' features and the fitted models, in memory."""
+        from bubblecast.forecast.evaluation_run import model_names, score_models
 
         self._check_fitted()
         frame, meta = self.features(runs)
-        with tempfile.TemporaryDirectory(prefix="bubblecast-eval-") as tmp:
-            path = write_features(frame, meta, Path(tmp) / "features.parquet")
-            dirs = [str(d) for d in self._save_all(Path(tmp) / "models")]
-            result = run_evaluation(path, dirs, seed=self.seed if seed is None else seed,
-                                    track=False)
+        fitted = list(self.models_.values())
+        models = dict(zip(model_names([m.kind for m in fitted]), fitted, strict=True))
+        result, _ = score_models(frame, meta, models, seed=self.seed if seed is None else seed)
         return result.summary()
 
     def save(self, directory: str | os.PathLike[str]) -> Path:

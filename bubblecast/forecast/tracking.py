@@ -32,7 +32,7 @@ def resolve_tracking_uri(cli_value: str | None = None) -> str:
     return cli_value or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
-def _quiet() -> None:
+def quiet_mlflow() -> None:
     """Keep MLflow's INFO logs, progress bars and hints off the terminal."""
     import logging
     import warnings
@@ -46,11 +46,22 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow(\..*)?")
 
 
+def create_experiment(tracking_uri: str, name: str, artifact_location: str | Path) -> str:
+    """Create experiment ``name`` on the store at ``tracking_uri`` with its artifacts under
+    ``artifact_location`` (a folder), before any run, so that they do not land in the
+    working directory's ``./mlruns``; returns its id."""
+    quiet_mlflow()
+    import mlflow
+
+    return str(mlflow.MlflowClient(tracking_uri=tracking_uri).create_experiment(
+        name, artifact_location=Path(artifact_location).absolute().as_uri()))
+
+
 @contextmanager
 def mlflow_run(tracking_uri: str | None, run_name: str, tags: dict[str, str] | None = None,
                experiment: str = DEFAULT_EXPERIMENT) -> Iterator[Any]:
     """An active MLflow run on the resolved store; yields the ``mlflow`` module."""
-    _quiet()
+    quiet_mlflow()
     import mlflow
 
     mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
@@ -98,7 +109,7 @@ def plain_frame(frame: Any) -> Any:
 
 def download_model(uri: str, dest: str | Path, tracking_uri: str | None = None) -> Path:
     """Download a logged model's bubblecast directory into ``dest``; returns that directory."""
-    _quiet()
+    quiet_mlflow()
     import mlflow
 
     mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
