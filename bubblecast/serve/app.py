@@ -157,7 +157,9 @@ def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] |
         elif svc.predictor is not None:
             settle_heap()
             start_watch()
+        svc.metrics.track_gc()  # after the settling collection: count pauses while serving
         yield
+        svc.metrics.untrack_gc()
         if svc.watcher is not None:
             svc.watcher.stop()
 

@@ -2,12 +2,15 @@
 
 Written by hand (``prometheus_client`` is not a dependency): request counts by route and
 status, a latency histogram by route, reload counts, and the served model as an info-style
-gauge. Route labels come from a fixed set, so no request can grow the label space.
+gauge. Route labels come from a fixed set, so no request can grow the label space. While the app
+runs, cyclic garbage collections are counted and timed by generation (``gc.callbacks``): a
+full collection is a pause every request queued behind it sees, so it belongs on a dashboard.
 """
 
 from __future__ import annotations
 
 import bisect
+import gc
 import threading
 import time
 from collections import defaultdict
@@ -36,6 +39,32 @@ class Metrics:
         self._model: tuple[str, str, str] = ("", "", "")
         self._model_loaded_at = 0.0
         self._started = time.time()
+        self._gc_count = [0, 0, 0]
+        self._gc_seconds = [0.0, 0.0, 0.0]
+        self._gc_max = [0.0, 0.0, 0.0]
+        self._gc_t0 = 0.0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """``gc.callbacks`` hook. No lock: a collection can start while this thread holds
+        ``_lock`` (an allocation in :meth:`render`), and the GIL keeps these updates whole."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+            return
+        g = min(int(info.get("generation", 2)), 2)
+        dt = time.perf_counter() - self._gc_t0
+        self._gc_count[g] += 1
+        self._gc_seconds[g] += dt
+        self._gc_max[g] = max(self._gc_max[g], dt)
+
+    def track_gc(self) -> None:
+        """Start counting and timing garbage collections (the app's start-up)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def untrack_gc(self) -> None:
+        """Stop (the app's shut-down), so apps made and dropped in one process do not pile up."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     def route(self, path: str) -> str:
         """The label for ``path``: itself when it is a known route, else ``other``."""
@@ -102,4 +131,22 @@ class Metrics:
                 "# TYPE bubblecast_start_time_seconds gauge",
                 f"bubblecast_start_time_seconds {self._started!r}",
             ]
+        lines += _gc_lines(self._gc_count, self._gc_seconds, self._gc_max)
         return "\n".join(lines) + "\n"
+
+
+def _gc_lines(count: list[int], seconds: list[float], longest: list[float]) -> list[str]:
+    """Garbage-collection counters and the longest pause, by generation."""
+    lines = ["# HELP bubblecast_gc_collections_total Cyclic garbage collections by generation.",
+             "# TYPE bubblecast_gc_collections_total counter"]
+    lines += [f'bubblecast_gc_collections_total{{generation="{g}"}} {n}'
+              for g, n in enumerate(count)]
+    lines += ["# HELP bubblecast_gc_pause_seconds_total Time spent in garbage collections.",
+              "# TYPE bubblecast_gc_pause_seconds_total counter"]
+    lines += [f'bubblecast_gc_pause_seconds_total{{generation="{g}"}} {x!r}'
+              for g, x in enumerate(seconds)]
+    lines += ["# HELP bubblecast_gc_pause_max_seconds Longest garbage collection so far.",
+              "# TYPE bubblecast_gc_pause_max_seconds gauge"]
+    lines += [f'bubblecast_gc_pause_max_seconds{{generation="{g}"}} {x!r}'
+              for g, x in enumerate(longest)]
+    return lines
