@@ -86,7 +86,19 @@ def write_features_table(table: Any, meta: FeaturesMeta, path: str | os.PathLike
     schema_meta = dict(table.schema.metadata or {})
     schema_meta[METADATA_KEY] = json.dumps(meta.to_json(), sort_keys=True).encode()
     table = table.replace_schema_metadata(schema_meta)
-    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd",
+                                                         write_page_checksum=True))
+
+
+def _read_table(path: str | os.PathLike[str]) -> Any:
+    """One features Parquet file as Arrow, its page checksums verified (files written before
+    they had checksums read as before); one line naming the file when it is corrupt."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, page_checksum_verification=True)
+    except (OSError, ValueError) as exc:
+        raise BubblecastError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
 def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
@@ -128,16 +140,14 @@ def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
 
 def read_features(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, FeaturesMeta]:
     """Read a features file and its metadata (checked first, so a stale file fails fast)."""
-    import pyarrow.parquet as pq
-
     meta = read_features_meta(path)
     if Path(path).is_dir():
         import pyarrow as pa
 
-        tables = [pq.read_table(f) for f in partition_files(path, meta)]
+        tables = [_read_table(f) for f in partition_files(path, meta)]
         frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
     else:
-        frame = pq.read_table(path).to_pandas()
+        frame = _read_table(path).to_pandas()
     for col in ("run_id", "scenario"):
         if col in frame.columns and not isinstance(frame[col].dtype, pd.CategoricalDtype):
             frame[col] = frame[col].astype(str).astype("category")

@@ -59,6 +59,18 @@ def test_a_file_from_another_version_is_refused_in_one_line(frame_meta, tmp_path
         read_features(tmp_path / "plain.parquet")
 
 
+def test_a_damaged_page_is_caught_by_its_checksum(frame_meta, tmp_path):
+    frame, meta = frame_meta
+    path = write_features(frame, meta, tmp_path / "f.parquet")
+    col = pq.ParquetFile(path).metadata.row_group(0).column(frame.columns.get_loc("level"))
+    data = bytearray(path.read_bytes())
+    data[col.data_page_offset + col.total_compressed_size - 8] ^= 0xFF  # inside the page data
+    path.write_bytes(bytes(data))
+    with pytest.raises(BubblecastError, match="not a readable Parquet file.*CRC") as exc:
+        read_features(path)
+    assert str(exc.value).startswith(str(path)) and "\n" not in str(exc.value)
+
+
 def test_fingerprint_changes_with_the_data(frame_meta):
     frame, meta = frame_meta
     other = make_events(runs=6, steps=50, seed=12)
