@@ -1,28 +1,20 @@
 """``bubblecast serve`` against ``mlflow models serve`` on the same LightGBM model, on loopback.
 
-Needs ``wrk`` (Debian/Ubuntu: ``apt-get install -y wrk``; it exits with one line when
-missing). The load comes from wrk, a compiled generator in its own process, so the
-generator's CPU and scheduling do not land in the servers' latencies (the Python generator
-``benchmarks/loadgen.py`` cost ~0.5 ms CPU a request on these two cores and counted its own
-lateness as latency; the client tests keep using it). ``bench_serve.lua`` turns wrk 4 into an
-open-loop constant-rate generator (what wrk2 does; Debian does not package wrk2): each
-connection sends on a fixed schedule and latency counts from the due time.
-
-One setup trains a small LightGBM forecaster (synthetic runs: drift, periodic spikes, noise),
-saves it as a bubblecast model directory and logs the same directory as an MLflow pyfunc in a
-temporary SQLite store. Then ``--repeats`` runs, each with both servers freshly started (one
-uvicorn worker each): at every offered rate, bubblecast, mlflow, bubblecast, mlflow (paired,
-alternating), ``--seconds`` each, then the same at closed-loop capacity (8 connections).
-bubblecast answers ``POST /v1/forecast`` from a raw window (4 stages x 64 steps: features, 9
-boosters, bubble fraction by the timing engine); MLflow answers ``POST /invocations`` with the
-*precomputed* feature rows of the same windows (strictly less work per request). Each run's
-p99 pools its two slots per server and rate; the summary gives the median and range of the
-runs. The load average is recorded beside every slot: the machine is shared. Also: the
-fail-open client (service killed, service hung) and the in-process ``Predictor``.
-
-Prints a table and writes ``benchmarks/results/bench_serve.json``. Traffic goes to 127.0.0.1
-only. Usage: ``python benchmarks/bench_serve.py [--repeats 3] [--rates 100,250,500]
-[--seconds 6]``.
+Needs ``wrk`` (``apt-get install -y wrk``; one-line exit when missing): a compiled generator in
+its own process, so generator CPU and lateness stay out of the servers' latencies (the Python
+``benchmarks/loadgen.py``, kept for the client tests, is compared once: ``generator_check``).
+``bench_serve.lua`` makes wrk open-loop at a constant rate, latency from due times (as wrk2,
+which Debian lacks). Setup trains a small LightGBM forecaster, saves it as a model directory
+and logs it as an MLflow pyfunc (SQLite store). Then ``--repeats`` runs, each with both servers
+freshly started (one uvicorn worker each): at every offered rate, then at closed-loop capacity
+(8 connections), bubblecast, mlflow, bubblecast, mlflow (paired, alternating), ``--seconds``
+each. bubblecast answers ``POST /v1/forecast`` from a raw window (4 stages x 64 steps); MLflow
+answers ``POST /invocations`` with the window's *precomputed* feature rows (less work). A run's
+p99 pools its two slots per server and rate; the summary gives median and range over runs,
+with the load average beside every slot (the machine is shared) and bubblecast's own GC count
+and pause time per slot. Also: the fail-open client and the in-process ``Predictor``.
+Writes ``benchmarks/results/bench_serve.json``; 127.0.0.1 only. Usage:
+``python benchmarks/bench_serve.py [--repeats 3] [--rates 100,250,500] [--seconds 6]``.
 """
 
 from __future__ import annotations
@@ -40,7 +32,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-from wrkload import generator_check, require_wrk, run_wrk, summarize, table, write_bodies
+from wrkload import (
+    gc_stats,
+    generator_check,
+    require_wrk,
+    run_wrk,
+    summarize,
+    table,
+    write_bodies,
+)
 
 from bubblecast.telemetry.io import atomic_write_text
 
@@ -300,9 +300,15 @@ def one_run(procs: dict, files: dict[str, Path], rates: list[float], seconds: fl
     for rate in [*rates, 0.0]:
         for slot, name in enumerate(("bubblecast", "mlflow") * 2):
             proc, port, path = procs[name]
+            ours = name == "bubblecast"
+            g0 = gc_stats(port) if ours else {}
             r = run_wrk(port, path, files[name], rate=rate, seconds=seconds,
-                        connections=16 if rate else 8,
-                        server_pid=proc.pid if name == "bubblecast" else None)
+                        connections=16 if rate else 8, server_pid=proc.pid if ours else None)
+            if ours:  # the server's own GC count and time over the slot, and longest pause
+                g1 = gc_stats(port)
+                r["server_gc"] = {"collections": int(g1["collections"] - g0["collections"]),
+                                  "pause_ms": round((g1["pause_s"] - g0["pause_s"]) * 1e3, 3),
+                                  "longest_so_far_ms": round(g1["pause_max_s"] * 1e3, 3)}
             slots.append({"server": name, "slot": slot // 2, **r})
     return slots
 

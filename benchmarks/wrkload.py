@@ -82,6 +82,23 @@ def run_wrk(port: int, path: str, bodies: Path, *, rate: float, seconds: float,
     return out
 
 
+def gc_stats(port: int) -> dict[str, float]:
+    """bubblecast's own garbage-collection figures from ``/metrics``, summed over generations:
+    ``collections``, ``pause_s`` (total) and ``pause_max_s`` (longest so far)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for key, name in (("collections", "collections_total"), ("pause_s", "pause_seconds_total"),
+                      ("pause_max_s", "pause_max_seconds")):
+        vals = [float(v) for v in re.findall(rf"^bubblecast_gc_{name}{{[^}}]*}} (\S+)$", text,
+                                             re.MULTILINE)]
+        out[key] = max(vals, default=0.0) if key == "pause_max_s" else sum(vals)
+    return out
+
+
 def _children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
