@@ -42,10 +42,10 @@ def policy_eval(
 ) -> None:
     """Replay runs step by step under each policy and compare step times (counterfactual)."""
     from bubblecast.errors import BubblecastError
+    from bubblecast.policy.api import load_runs
     from bubblecast.policy.cost import MigrationConstants
     from bubblecast.policy.evaluate import EvalConfig, evaluate_events, plot_traces
-    from bubblecast.telemetry.events import Events
-    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+    from bubblecast.telemetry.importers import timing_of
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     constants = MigrationConstants.from_json(migration) if migration is not None \
@@ -63,18 +63,8 @@ def policy_eval(
         else:
             _print(result, names)
         return
-    parts = []
-    seen: set[str] = set()
-    for path in runs:
-        ev = load_events(path, format)
-        require_per_op(ev, "policy-eval", path)
-        clash = seen & set(ev.run_ids)
-        if clash:
-            raise BubblecastError(f"{path}: run id '{sorted(clash)[0]}' already read from an "
-                                  "earlier file; give each run once")
-        seen |= set(ev.run_ids)
-        parts.append(ev)
-    events = parts[0] if len(parts) == 1 else Events.concat(parts)
+    events = load_runs(runs, format, "policy-eval")
+    seen = set(events.run_ids)
     if run:
         missing = [r for r in run if r not in seen]
         if missing:

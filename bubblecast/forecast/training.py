@@ -64,19 +64,25 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
                               f"file has {runs}")
     note(f"fitting {kind} on {len(fit_frame)} rows")
     model.fit(fit_frame)
-    metrics: dict[str, Any] = {}
-    evaluation, preds = None, None
-    if test_frame is not None:
-        from bubblecast.forecast.evaluate import evaluate
-
-        note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
-        preds = model.predict_signal(test_frame, list(model.horizons_))
-        evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
-        metrics = holdout_metrics(evaluation, kind)
+    evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     fit = {"fit_rows": len(fit_frame), "fit_runs": int(fit_frame["run_id"].nunique()),
            "rows": len(frame), "runs": runs, "sample": fit_frame.head(5)}
     return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
                    holdout, seed, track, tracking_uri, register, alias, note)
+
+
+def _score_holdout(model: Any, kind: str, test_frame: Any, seed: int,
+                   note: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
+    """``(evaluation, forecasts, metrics)`` of the fitted ``model`` on the held-out runs;
+    ``(None, None, {})`` without any."""
+    if test_frame is None:
+        return None, None, {}
+    from bubblecast.forecast.evaluate import evaluate
+
+    note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
+    preds = model.predict_signal(test_frame, list(model.horizons_))
+    evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
+    return evaluation, preds, holdout_metrics(evaluation, kind)
 
 
 def _finish(model: Any, features: Any, out: Any, meta: Any, test_frame: Any, evaluation: Any,
@@ -119,15 +125,7 @@ def _train_on_cluster(features: Any, kind: str, out: Any, params: dict[str, Any]
     model = make_model(kind, **(params or {}))
     note(f"fitting {kind} on Dask ({cluster})")
     model, test_frame, fit = train_dask(Path(features), model, meta, holdout, seed, cluster)
-    metrics: dict[str, Any] = {}
-    evaluation, preds = None, None
-    if test_frame is not None:
-        from bubblecast.forecast.evaluate import evaluate
-
-        note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
-        preds = model.predict_signal(test_frame, list(model.horizons_))
-        evaluation = evaluate(test_frame, {kind: model}, seed=seed, predictions={kind: preds})
-        metrics = holdout_metrics(evaluation, kind)
+    evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
                    holdout, seed, track, tracking_uri, register, alias, note)
 
