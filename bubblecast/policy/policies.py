@@ -1,11 +1,10 @@
 """Policies: ``decide(state) -> Decision`` after each observed step.
 
-Every policy returns a :class:`~bubblecast.policy.decision.Decision`: the action with the
-numbers the policy computed to choose it (None where it computed none). All four see the same
+Every policy returns a :class:`~bubblecast.policy.decision.Decision`: the action with the numbers
+the policy computed to choose it (None where it computed none). All four see the same
 :class:`~bubblecast.policy.state.PolicyState` (recent per-rank speed history, current partition,
-per-layer costs, the pipeline's schedule and microbatches, the migration-cost model); an
-action taken after step ``t`` applies from step ``t + 1``, whose time includes the migration
-pause.
+per-layer costs, the pipeline's schedule and microbatches, the migration-cost model); an action
+taken after step ``t`` applies from step ``t + 1``, whose time includes the migration pause.
 
 - :class:`StaticPolicy` never acts.
 - :class:`ReactivePolicy` rebalances when the imbalance observed over the last ``window``
@@ -123,24 +122,24 @@ class ReactivePolicy(Policy):
         if new == tuple(state.partition) or after > times.max() * (1.0 - self.min_gain):
             return Decision.keep("rebalancing would not cut the bottleneck enough")
         return _repartition(state, new, speed, f"observed imbalance {imbalance:.3f} over the "
-                            f"last {self.window} steps; bottleneck {times.max():.4g} -> "
-                            f"{after:.4g}")
+                            f"last {self.window} steps (stage {int(np.argmax(speed))} slowest "
+                            f"per layer cost); bottleneck {times.max():.4g} -> {after:.4g}")
 
 
 @dataclass
 class PredictivePolicy(Policy):
     """Forecast-driven repartitioning with a cost/benefit test and hysteresis.
 
-    ``horizon``: steps the saving is summed over (a move must pay back within it);
-    ``risk``: weight of the p90 forecast against the p50 in the planning speed (0 = median,
-    1 = pessimistic); ``margin``: the saving must exceed ``(1 + margin)`` x migration cost;
-    ``min_gain``: and at least this fraction of the predicted step time per step; ``hold``:
-    steps after a move during which it does not move again; ``min_history``: steps observed
-    before the first decision; ``guard``: the forecast guard and move budget
-    (:mod:`bubblecast.policy.guard`): while the forecaster's realised error is worse than the
-    naive forecast's, the decision is ``fallback``'s (reactive by default), and no more than
-    the budget's moves are made. ``clock``, when set before a decision, is the absolute step
-    index of the state's last history row (the controller's history drops old rows).
+    ``horizon``: steps the saving is summed over (a move must pay back within it); ``risk``: weight
+    of the p90 forecast against the p50 in the planning speed (0 = median, 1 = pessimistic);
+    ``margin``: the saving must exceed ``(1 + margin)`` x migration cost; ``min_gain``: and at
+    least this fraction of the predicted step time per step; ``hold``: steps after a move during
+    which it does not move again; ``min_history``: steps observed before the first decision;
+    ``guard``: the forecast guard and move budget (:mod:`bubblecast.policy.guard`): while the
+    forecaster's realised error is worse than the naive forecast's, the decision is ``fallback``'s
+    (reactive, on at most the history there is), and no more than the budget's moves are made.
+    ``clock``, when set before a decision, is the absolute step index of the state's last history
+    row (history drops old rows live).
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -217,7 +216,10 @@ class PredictivePolicy(Policy):
     def _fallback_decision(self, state: PolicyState, why: str) -> Decision:
         """``fallback``'s decision; a move must still pay back its migration over the
         horizon at the speeds observed lately (the naive forecast: they persist)."""
-        inner = self.fallback.decide(state)
+        r = self.fallback  # decides on the steps min_history found enough, not on more
+        if isinstance(r, ReactivePolicy) and state.t + 1 < (w := r.window):
+            r = replace(r, window=state.t + 1, cooldown=w if r.cooldown is None else r.cooldown)
+        inner = r.decide(state)
         action = inner.action
         label = f"{why}: acting as {self.fallback.name}"
         if not isinstance(action, Repartition):
