@@ -14,10 +14,31 @@ from bubblecast.dataset.store import FeaturesMeta, fingerprint
 from bubblecast.telemetry.events import Events
 
 
+def _op_totals(frame: pd.DataFrame) -> pd.Series:
+    """Seconds per (run_id, op) over all rows (the compute ops' sums are those over the compute
+    rows alone): grouped by one int32 key of the categorical codes, so neither the events nor
+    a per-column group index are copied (pandas' compensated sum, as a groupby by columns)."""
+    import numpy as np
+
+    run, op = frame["run_id"], frame["op"]
+    if not (isinstance(run.dtype, pd.CategoricalDtype) and isinstance(op.dtype,
+                                                                       pd.CategoricalDtype)):
+        return frame.groupby(["run_id", "op"], observed=True)["duration_s"].sum()
+    n_ops = len(op.cat.categories)
+    key = run.cat.codes.to_numpy().astype(np.int32)
+    key *= n_ops
+    key += op.cat.codes.to_numpy()
+    sums = pd.Series(frame["duration_s"].to_numpy()).groupby(key).sum()
+    codes = sums.index.to_numpy()
+    runs, ops = run.cat.categories, op.cat.categories
+    index = pd.MultiIndex.from_arrays([[str(runs[c // n_ops]) for c in codes],
+                                       [str(ops[c % n_ops]) for c in codes]])
+    return pd.Series(sums.to_numpy(), index=index)
+
+
 def run_info(events: Events) -> dict[str, dict[str, Any]]:
     """Per run, what replaying forecasts through the timing engine needs (see FeaturesMeta)."""
-    comp = events.compute()
-    totals = comp.groupby(["run_id", "op"], observed=True)["duration_s"].sum()
+    totals = _op_totals(events.frame)
     out: dict[str, dict[str, Any]] = {}
     for run_id, meta in events.runs.items():
         per_op = {op: float(totals.get((run_id, op), 0.0)) for op in ("F", "B", "W")}
@@ -47,6 +68,7 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
     config = config or DatasetConfig()
     note = progress or (lambda _msg: None)
     note("step series")
+    info = run_info(events)  # before the features exist: its temporaries do not add to them
     series = step_series(events)
     frame = build_features(series, config, progress=note)
     if config.covariates != "none":
@@ -56,7 +78,7 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
         frame = add_covariates(frame, events, metrics, config)
     meta = FeaturesMeta(config=config, fingerprint=fingerprint(frame, config),
                         runs=[str(r) for r in frame["run_id"].cat.categories],
-                        sources=list(sources or []), run_info=run_info(events))
+                        sources=list(sources or []), run_info=info)
     frame.attrs["bubblecast_features"] = meta.to_json()
     return frame, meta
 

@@ -18,6 +18,11 @@ from bubblecast.telemetry.events import Events
 from bubblecast.telemetry.schema import RunMeta
 
 KEYS: list[str] = ["run_id", "replica", "stage", "step"]
+#: The events columns the dataset reads (step series and covariates' rank map); the optional
+#: ones among them are what ``read_events(path, columns=EVENT_COLUMNS)`` needs besides the
+#: required columns it always reads.
+EVENT_COLUMNS: tuple[str, ...] = ("run_id", "replica", "stage", "step", "rank", "chunk", "op",
+                                  "duration_s", "layers", "tokens", "speed")
 
 #: Keys of ``RunMeta.extra`` read for per-layer costs (a list) besides the simulator's
 #: ``workload`` (per-layer ``forward_ms`` + ``backward_ms``, converted to seconds).
@@ -69,13 +74,25 @@ def scenario_name(meta: RunMeta) -> str:
 
 def _group_codes(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     """Dense group id per row for (run, replica, stage, step), sorted, and the key frame."""
-    run = frame["run_id"].cat.codes.to_numpy().astype(np.int64)
-    replica = frame["replica"].to_numpy().astype(np.int64)
-    stage = frame["stage"].to_numpy().astype(np.int64)
-    step = frame["step"].to_numpy().astype(np.int64)
-    n_rep, n_stage, n_step = replica.max() + 1, stage.max() + 1, step.max() + 1
-    key = ((run * n_rep + replica) * n_stage + stage) * n_step + step
-    uniq, inverse = np.unique(key, return_inverse=True)
+    run = frame["run_id"].cat.codes.to_numpy()
+    replica, stage = frame["replica"].to_numpy(), frame["stage"].to_numpy()
+    step = frame["step"].to_numpy()
+    n_rep, n_stage, n_step = (int(replica.max()) + 1, int(stage.max()) + 1,
+                              int(step.max()) + 1)
+    key = run.astype(np.int64)  # built in place: one int64 array, no temporary per column
+    for values, span in ((replica, n_rep), (stage, n_stage), (step, n_step)):
+        key *= span
+        key += values
+    if key.size and int(key.max()) < 4 * key.size + 4096:  # dense keys: no sort
+        present = np.zeros(int(key.max()) + 1, dtype=bool)
+        present[key] = True
+        uniq = np.flatnonzero(present)
+        index = np.cumsum(present, dtype=np.int64) - 1
+        del present
+        inverse = index[key]
+    else:
+        uniq, inverse = np.unique(key, return_inverse=True)
+    del key
     s, rest = uniq % n_step, uniq // n_step
     g, rest = rest % n_stage, rest // n_stage
     r, run_code = rest % n_rep, rest // n_rep
@@ -84,7 +101,7 @@ def _group_codes(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
         "run_id": pd.Categorical.from_codes(run_code.astype(np.int32), categories=cats),
         "replica": r.astype(np.int32), "stage": g.astype(np.int32), "step": s.astype(np.int64),
     })
-    return inverse.astype(np.int64), keys
+    return inverse.astype(np.int64, copy=False), keys
 
 
 def run_slices(keys: pd.DataFrame) -> dict[str, slice]:
@@ -100,8 +117,12 @@ def _layers_per_group(frame: pd.DataFrame, inverse: np.ndarray, n: int) -> np.nd
     """Layers the rank held per group (the ``layers`` column is the rank's total; NaN if absent)."""
     if "layers" not in frame.columns:
         return np.full(n, np.nan)
-    values = frame["layers"].to_numpy(dtype=np.float64, na_value=np.nan)
+    column = frame["layers"]
     per = np.full(n, -np.inf)
+    if column.dtype.kind in "iu":  # no nulls: the integers as they are, no float copies
+        np.maximum.at(per, inverse, column.to_numpy())
+        return np.where(np.isfinite(per), per, np.nan)
+    values = column.to_numpy(dtype=np.float64, na_value=np.nan)
     np.maximum.at(per, inverse, np.nan_to_num(values, nan=-np.inf))
     return np.where(np.isfinite(per), per, np.nan)
 
@@ -212,7 +233,11 @@ def step_series(events: Events) -> pd.DataFrame:
     Sorted by keys, so each (run, replica, stage) series is contiguous and ordered by step.
     """
     frame = events.frame
-    comp = frame.loc[frame["op"].isin(["F", "B", "W"]).to_numpy()]
+    is_compute = frame["op"].isin(["F", "B", "W"]).to_numpy()
+    # only the columns used, and no copy at all when every row is a compute op (simulated
+    # and most recorded runs): a copy of 10M events is most of the dataset's memory
+    used = [c for c in EVENT_COLUMNS if c in frame.columns]
+    comp = frame[used] if is_compute.all() else frame.loc[is_compute, used]
     if comp.empty:
         raise BubblecastError("events: no compute ops (F, B, W) to build a dataset from")
     if not isinstance(comp["run_id"].dtype, pd.CategoricalDtype):
@@ -235,7 +260,7 @@ def step_series(events: Events) -> pd.DataFrame:
     tokens = np.full(n, np.nan)
     tokens2 = np.full(n, np.nan)
     if "tokens" in comp.columns:
-        tok = comp["tokens"].to_numpy(dtype=np.float64, na_value=np.nan)[is_f]
+        tok = comp["tokens"].array[is_f].to_numpy(dtype=np.float64, na_value=np.nan)
         ok = np.isfinite(tok)
         sums = np.bincount(inverse[is_f][ok], weights=tok[ok], minlength=n)
         sq = np.bincount(inverse[is_f][ok], weights=tok[ok] ** 2, minlength=n)
@@ -255,8 +280,12 @@ def step_series(events: Events) -> pd.DataFrame:
     if "speed" in comp.columns:
         spd = comp["speed"].to_numpy(dtype=np.float64, na_value=np.nan)
         ok = np.isfinite(spd)
-        tot = np.bincount(inverse[ok], weights=spd[ok], minlength=n)
-        cnt = np.bincount(inverse[ok], minlength=n)
+        if ok.all():  # no subset copies of 10M values
+            tot, cnt = (np.bincount(inverse, weights=spd, minlength=n),
+                        np.bincount(inverse, minlength=n))
+        else:
+            tot = np.bincount(inverse[ok], weights=spd[ok], minlength=n)
+            cnt = np.bincount(inverse[ok], minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             out["speed"] = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
     cats = out["run_id"].cat.categories

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.frames import read_streaming, table_to_pandas, wanted_columns
 from bubblecast.telemetry.schema import (
     METADATA_KEY,
     OPTIONAL,
@@ -211,29 +212,40 @@ def _unreadable(path: Path, exc: Exception) -> BubblecastError:
     return BubblecastError(f"{path}: not a readable Parquet file ({text})")
 
 
-def _read_one(path: Path) -> Events:
+def _read_one(path: Path, columns: list[str] | None = None) -> Events:
+    want = columns
     try:
-        table = pq.read_table(path, read_dictionary=["run_id", "op"],
-                              page_checksum_verification=True)
+        want, strings = wanted_columns(pq.read_schema(path), columns)
+        frame, meta = read_streaming(path, want, strings)
+        if frame is None:
+            box = [pq.read_table(path, columns=want, read_dictionary=strings,
+                                 page_checksum_verification=True)]
+            meta = box[0].schema.metadata or {}
+            frame = table_to_pandas(box)
     except (pa.ArrowInvalid, OSError) as exc:
         raise _unreadable(path, exc) from None
-    except Exception:  # pyarrow raises several types for a missing dictionary column
+    except Exception:  # pyarrow raises several types for an odd dictionary column
         try:
-            table = pq.read_table(path, page_checksum_verification=True)
+            box = [pq.read_table(path, columns=want, page_checksum_verification=True)]
         except Exception as again:
             raise _unreadable(path, again) from None
-    meta = table.schema.metadata or {}
+        meta = box[0].schema.metadata or {}
+        frame = table_to_pandas(box)
     try:
         runs = decode_metadata(meta.get(METADATA_KEY))
     except (ValueError, TypeError, KeyError) as exc:
         raise BubblecastError(f"{path}: bad '{METADATA_KEY.decode()}' metadata: {exc}") from None
-    frame = table.to_pandas()
     return Events(validate_frame(frame, runs, str(path)), runs)
 
 
-def read_events(path: str | os.PathLike[str]) -> Events:
-    """Read and validate an events file or directory of files (SPEC §1)."""
-    parts = [_read_one(f) for f in parquet_files(path)]
+def read_events(path: str | os.PathLike[str], columns: list[str] | None = None) -> Events:
+    """Read and validate an events file or directory of files (SPEC §1).
+
+    ``columns``: the optional and extra columns to read besides the required ones, which are
+    always read (validation needs them); absent ones are skipped; None reads every column.
+    String columns come back as pandas categoricals (Parquet dictionary pages are kept
+    encoded), so a ``host`` column costs one small integer per row, not one string."""
+    parts = [_read_one(f, columns) for f in parquet_files(path)]
     return parts[0] if len(parts) == 1 else Events.concat(parts)
 
 
