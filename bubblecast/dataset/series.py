@@ -119,7 +119,7 @@ def _layers_per_group(frame: pd.DataFrame, inverse: np.ndarray, n: int) -> np.nd
         return np.full(n, np.nan)
     column = frame["layers"]
     per = np.full(n, -np.inf)
-    if column.dtype.kind in "iu":  # no nulls: the integers as they are, no float copies
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iu":  # no nulls: as is
         np.maximum.at(per, inverse, column.to_numpy())
         return np.where(np.isfinite(per), per, np.nan)
     values = column.to_numpy(dtype=np.float64, na_value=np.nan)
