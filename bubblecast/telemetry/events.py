@@ -61,7 +61,8 @@ class Events:
         if all(isinstance(p.frame["run_id"].dtype, pd.CategoricalDtype) for p in parts):
             # Join the categoricals' codes and categories; no Python string per row.
             run_id = union_categoricals([p.frame["run_id"].cat.remove_unused_categories()
-                                         for p in parts], ignore_order=True)
+                                         for p in parts], ignore_order=True,
+                                         sort_categories=True)  # sorted, as astype gives
             frames = [p.frame.drop(columns="run_id") for p in parts]
             frame = pd.concat(frames, ignore_index=True)
             frame.insert(parts[0].frame.columns.get_loc("run_id"), "run_id", run_id)

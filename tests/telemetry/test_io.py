@@ -139,6 +139,18 @@ def test_concat_of_runs_with_and_without_tokens_round_trips(tmp_path):
     assert back.frame["tokens"].isna().sum() == 1
 
 
+def test_concat_orders_runs_by_name_whatever_the_file_order():
+    """Run order (and so features files and their fingerprints) does not depend on the order
+    the files are given in, as before run_id was joined as categoricals."""
+    from bubblecast.telemetry.events import Events
+
+    for parts in ([_events("zeta"), _events("alpha")], [_events("alpha"), _events("zeta")]):
+        joined = Events.concat(parts).frame["run_id"]
+        assert list(joined.cat.categories) == ["alpha", "zeta"]
+    assert list(joined.astype(str)) == ["alpha"] * (len(joined) // 2) + ["zeta"] * (
+        len(joined) // 2)
+
+
 def _simulated(tmp_path, name="e.parquet"):
     from bubblecast.sim.simulator import SimConfig, simulate_events
 
