@@ -83,15 +83,29 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
     return frame, meta
 
 
+def load_for_dataset(path: Any, format: str = "auto") -> Events:
+    """A ``dataset`` input's events: bubblecast events read with only the columns the dataset
+    uses (:data:`~bubblecast.dataset.series.EVENT_COLUMNS`; strings as categoricals), other
+    formats through their importer."""
+    from bubblecast.dataset.series import EVENT_COLUMNS
+    from bubblecast.telemetry.importers import detect_format, load_events
+    from bubblecast.telemetry.io import read_events
+
+    fmt = detect_format(path) if format == "auto" else format
+    if fmt == "bubblecast":
+        return read_events(path, columns=list(EVENT_COLUMNS))
+    return load_events(path, fmt)
+
+
 def _load_unit(unit: Any, format: str, config: DatasetConfig, skip_bad: bool
                ) -> tuple[Events | None, Any, list[dict[str, Any]]]:
     """A unit's events and covariate metrics; an unreadable one raises naming the run and
     file, or (``skip_bad``) comes back as a skipped entry."""
     from bubblecast.errors import BubblecastError
-    from bubblecast.telemetry.importers import load_events, require_per_op
+    from bubblecast.telemetry.importers import require_per_op
 
     try:
-        events = load_events(unit.path, format)
+        events = load_for_dataset(unit.path, format)
         require_per_op(events, "dataset", unit.path)
     except BubblecastError as exc:
         where = f"run '{unit.run_id}': " if unit.run_id is not None else ""
