@@ -73,7 +73,14 @@ def test_injected_straggler_becomes_the_bottleneck(tmp_path: Path,
     assert result["rows"] > 0 and result["partition"] == [3, 5]
     assert [a["ok"] for a in result["actions"]] == [True]
     ev = read_events(out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof", "run.parquet"]  # no leftovers
+    # no leftovers: the events, the profile and the ranks' merged device metrics (OUT.metrics)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prof", "run.metrics", "run.parquet"]
+    from bubblecast.telemetry.metrics import is_known_future, read_metrics
+
+    metrics = read_metrics(out)  # sampled at steps run; announced tokens run ahead of them
+    sampled = metrics.loc[~metrics["metric"].map(is_known_future)]
+    assert set(metrics["run_id"]) == {"run"} and len(sampled)
+    assert sampled["step"].between(0, 29).all()
     meta = ev.runs["run"]
     assert meta.source == "bubblecast-runtime" and meta.partition == [4, 4]
     assert meta.extra["emulated_slowdown"]["spec"] == "rank=1,factor=2.0,start=10"

@@ -193,7 +193,9 @@ def test_reactive_moves_layers_on_both_ranks_at_one_boundary(
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     doc = json.loads((tmp_path / "run.actions.json").read_text())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.actions.json", "run.parquet"]
+    # the events, the actions log and the ranks' merged device metrics (OUT.metrics), no more
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.actions.json", "run.metrics",
+                                                          "run.parquet"]
     moves = [a for a in doc["applied"] if a["ok"] and a["from"] != a["to"]]
     assert moves and result["actions_taken"] == len(moves)
     first = moves[0]
