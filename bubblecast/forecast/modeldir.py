@@ -1,4 +1,5 @@
-"""Model directories: ``model.json`` (kind, version, horizons, features, metrics) + native files.
+"""Model directories: ``model.json`` (kind, version, horizons, features, metrics, the sha256 of
+each native file) + native files.
 
 ``save_model`` writes a directory atomically (a temporary sibling renamed into place);
 ``load_model`` reads one back, from a local directory or an MLflow ``models:/name@alias`` (or
@@ -10,6 +11,7 @@ weights are loaded with ``weights_only=True``, everything else is JSON.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -54,6 +56,15 @@ def make_model(kind: str, **params: Any) -> Forecaster:
     return cls(**accepted)
 
 
+def _sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's content."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def save_model(model: Forecaster, directory: str | os.PathLike[str],
                metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
                ) -> Path:
@@ -74,6 +85,9 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
                 getattr(model, "horizon_features_", [])),
             "params": model.get_params(), "state": state, "files": files,
             "metrics": metrics or {}, **(extra or {}),
+            # The files' contents: a server loads a copied directory only when they match
+            # (serve.registry.directory_state), so a half-copied model is never served.
+            "sha256": {f: _sha256(tmp / f) for f in files},
         }
         config = getattr(model, "dataset_config_", None)
         if config is not None:
