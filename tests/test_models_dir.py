@@ -15,7 +15,27 @@ from bubblecast.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA, MODEL = ROOT / "data", ROOT / "models" / "default"
-SAMPLES = sorted(DATA.rglob("*.parquet"))
+#: Files bubblecast made (simulated or recorded here); the rest of data/ is copied public data.
+MADE_HERE = ("sim", "live")
+SAMPLES = sorted(p for d in MADE_HERE for p in (DATA / d).rglob("*.parquet"))
+COPIED = sorted(p for p in DATA.iterdir() if p.is_dir() and p.name not in MADE_HERE)
+
+
+def test_copied_public_data_keeps_its_licence_and_is_documented():
+    readme = (DATA / "README.md").read_text()
+    assert {p.name for p in COPIED} >= {"megatron-ops", "hta-gpu-traces"}
+    for folder in COPIED:
+        assert any(f.name.upper().startswith("LICENSE") for f in folder.iterdir()), folder.name
+        assert f"`{folder.name}/`" in readme, folder.name
+        for path in folder.iterdir():
+            if path.name.upper().startswith(("LICENSE", "README")):
+                continue
+            assert path.stat().st_size < 1 << 20, path.name
+            rel = path.relative_to(DATA).as_posix()
+            # each file is named in the README (or its folder's README), with what it is
+            local = folder / "README.md"
+            docs = readme + (local.read_text() if local.exists() else "")
+            assert path.name in docs, rel
 
 
 def test_every_sample_file_is_small_readable_and_documented():
@@ -23,7 +43,8 @@ def test_every_sample_file_is_small_readable_and_documented():
 
     readme = (DATA / "README.md").read_text()
     assert len(SAMPLES) >= 7
-    for path in SAMPLES + sorted(DATA.rglob("*.json")):
+    made_json = sorted(p for d in MADE_HERE for p in (DATA / d).rglob("*.json"))
+    for path in SAMPLES + made_json:
         rel = path.relative_to(DATA).as_posix()
         assert path.stat().st_size < 1 << 20, rel
         # the README names the file and gives the command that wrote it
