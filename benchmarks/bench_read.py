@@ -40,9 +40,11 @@ from bubblecast.telemetry.io import read_events
 t1, c1 = time.perf_counter(), time.process_time()
 columns = json.loads(sys.argv[2])
 ev = read_events(sys.argv[1], columns=columns) if columns else read_events(sys.argv[1])
+import bubblecast
 t2, c2 = time.perf_counter(), time.process_time()
 print(json.dumps({"rows": len(ev), "import_s": t1 - t0, "read_s": t2 - t1,
                   "read_cpu_s": c2 - c1, "columns": list(ev.frame.columns),
+                  "package": bubblecast.__file__,
                   "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -67,14 +69,16 @@ def make_events(path: Path, n_events: int) -> int:
 
 
 def _env(src: Path | None) -> dict[str, str] | None:
-    """The environment of a child running the bubblecast at ``src`` (None: this one)."""
+    """The environment of a child running the bubblecast at ``src`` (None: this one). Children
+    run in the events' folder: ``python -c`` puts its working directory first on the path."""
     return None if src is None else {**os.environ, "PYTHONPATH": str(src)}
 
 
 def read_round(path: Path, columns: list[str] | None, src: Path | None = None) -> dict:
     """One fresh-process read."""
     out = subprocess.run([sys.executable, "-c", _READ, str(path), json.dumps(columns)],
-                         capture_output=True, text=True, check=True, env=_env(src))
+                         capture_output=True, text=True, check=True, env=_env(src),
+                         cwd=path.parent)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -87,7 +91,8 @@ def dataset_round(path: Path, out: Path, src: Path | None = None) -> dict:
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", "from bubblecast.cli import main; main()",
                                  "dataset", str(path), "--out", str(out), "--json"],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=_env(src))
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=_env(src),
+                                cwd=path.parent)
         stdout = proc.stdout.read()  # one JSON line
         _, status, usage = os.wait4(proc.pid, 0)
         err.seek(0)
