@@ -103,3 +103,30 @@ def test_injected_skew_is_removed_within_the_measured_uncertainty(
     meta = clocks.summarize([zero, one], every=100)
     assert meta["offset_s"] == {"0": 0.0, "1": one.offset_s}
     assert meta["uncertainty_s"]["1"] == one.uncertainty_s and len(meta["estimates"]) == 2
+
+
+def test_the_recorder_reestimates_every_k_steps_and_shifts_rows_from_then_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bubblecast.runtime import recorder as rec_mod
+    from bubblecast.telemetry.schema import RunMeta
+
+    shifts = iter([2.0, 3.0])
+    calls: list[int] = []
+
+    def fake_estimate(group: Any = None, *, step: int = 0, **_: Any) -> clocks.ClockEstimate:
+        calls.append(step)
+        return clocks.ClockEstimate(1, next(shifts), 1e-4, 2e-4, 8, step)
+
+    monkeypatch.setattr(clocks, "estimate_offsets", fake_estimate)
+    first = clocks.ClockEstimate(1, 1.0, 1e-4, 2e-4, 8, 0)
+    rec = rec_mod.Recorder(run_id="r", rank=1, stage=1, origin_wall=0.0, meta_fn=RunMeta,
+                           clock=first, clock_every=2)
+    for step in range(5):
+        rec.begin_step(step, 1)
+        rec.record_optimizer(10.0, 10.5)  # the same local time every step
+        rec.end_step()
+    assert calls == [2, 4]  # not at step 0: the estimate at start covers it
+    assert [e.offset_s for e in rec.clock_estimates] == [1.0, 2.0, 3.0]
+    start = rec.frame()["start_s"].to_numpy()
+    shift = start - start[0]
+    assert list(shift) == pytest.approx([0.0, 0.0, 1.0, 1.0, 2.0])
