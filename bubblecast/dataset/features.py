@@ -165,14 +165,34 @@ def build_features(series: pd.DataFrame, config: DatasetConfig | None = None,
     series = series.sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
     sid, pos, start = _series_index(series)
     y = series["y"].to_numpy(dtype=np.float64)
-    step = series["step"].to_numpy()
-    ys = pd.Series(y)
     keep = pos >= config.history - 1
     retain = {f"f_u_q50_w{config.windows[0]}", "f_since_spike", "f_peer_ratio",
               *(f"f_u_mean_w{w}" for w in config.windows)}
     f = _Columns(keep, retain)
 
     note("lags and rolling windows")
+    level = _history_features(f, y, sid, pos, config)
+    note("spikes and periodicity")
+    spike_period = _spikes(y, pos, start, config, f)
+    acf_period = _acf(y, config, f)
+    period = np.where(np.isfinite(spike_period), spike_period, acf_period)
+    f["f_period"] = period
+    note("peers, partition and known-ahead load")
+    peer = _peers(series, y, f)
+    for k in range(config.lags):
+        f[f"f_u_peer_lag{k}"] = _shift(peer, k)
+    f["f_peer_ratio_m5"] = pd.Series(f.full["f_peer_ratio"]).rolling(config.windows[0]).mean() \
+        .to_numpy()
+    _partition_features(series, f, pos, start, config)
+    targets = _horizon_features(series, f, y, sid, pos, period, spike_period, config)
+    note("assembling rows")
+    return _assemble(series, f, keep, level, targets)
+
+
+def _history_features(f: _Columns, y: np.ndarray, sid: np.ndarray, pos: np.ndarray,
+                      config: DatasetConfig) -> np.ndarray:
+    """Lags, rolling-window statistics, EWMs and slopes of ``y``; returns the level."""
+    ys = pd.Series(y)
     for k in range(config.lags):
         f[f"f_u_lag{k}"] = _shift(y, k)
     for w in config.windows:
@@ -193,39 +213,43 @@ def build_features(series: pd.DataFrame, config: DatasetConfig | None = None,
         slope = (roll - tmean * f.full[f"f_u_mean_w{w}"]) / ((w * w - 1) / 12.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             f[f"f_slope_w{w}"] = slope / level
+    return level
 
-    note("spikes and periodicity")
-    spike_period = _spikes(y, pos, start, config, f)
-    acf_period = _acf(y, config, f)
-    period = np.where(np.isfinite(spike_period), spike_period, acf_period)
-    f["f_period"] = period
 
-    note("peers, partition and known-ahead load")
-    peer = _peers(series, y, f)
-    for k in range(config.lags):
-        f[f"f_u_peer_lag{k}"] = _shift(peer, k)
-    f["f_peer_ratio_m5"] = pd.Series(f.full["f_peer_ratio"]).rolling(config.windows[0]).mean() \
-        .to_numpy()
+def _partition_features(series: pd.DataFrame, f: _Columns, pos: np.ndarray, start: np.ndarray,
+                        config: DatasetConfig) -> None:
+    """Layers held, cost share, steps since the last repartition and the token ratio."""
     layers = series["layers"].to_numpy(dtype=np.float64)
     f["f_layers"] = layers
     run = series["run_id"].cat.codes.to_numpy()
     rep = series["replica"].to_numpy()
     cost = series["cost"].to_numpy(dtype=np.float64)
+    step = series["step"].to_numpy()
     total_cost = pd.Series(cost).groupby([run, rep, step]).transform("sum").to_numpy()
     f["f_cost_share"] = cost / total_cost
     changed = (pos > 0) & (layers != _shift(layers, 1)) & np.isfinite(layers)
-    idx = np.arange(len(y))
+    idx = np.arange(len(layers))
     last_change = np.maximum.accumulate(np.where(changed, idx, -1))
     # Capped at the history so that it never encodes the run's age (a serving window sees
     # only ``history`` steps, and run age is an artefact of how a run was recorded).
     f["f_since_repartition"] = np.minimum(
         np.where(last_change >= start, idx - last_change, pos + 1.0), config.history)
     tokens = series["tokens"].to_numpy(dtype=np.float64)
-    tok_per = series["tokens2"].to_numpy(dtype=np.float64) / tokens
     f["f_tokens_ratio"] = tokens / pd.Series(tokens).rolling(config.windows[1]).mean().to_numpy()
+
+
+def _horizon_features(series: pd.DataFrame, f: _Columns, y: np.ndarray, sid: np.ndarray,
+                      pos: np.ndarray, period: np.ndarray, spike_period: np.ndarray,
+                      config: DatasetConfig) -> dict[str, np.ndarray]:
+    """Per-horizon inputs (seasonal value, spike phase, known-ahead tokens) and the targets."""
+    step = series["step"].to_numpy()
+    idx = np.arange(len(y))
+    tokens = series["tokens"].to_numpy(dtype=np.float64)
+    tok_per = series["tokens2"].to_numpy(dtype=np.float64) / tokens
+    cost = series["cost"].to_numpy(dtype=np.float64)
     work = series["work"].to_numpy(dtype=np.float64)
     load = work / cost
-
+    compute = series["compute_s"].to_numpy(dtype=np.float64)
     targets: dict[str, np.ndarray] = {}
     for h in config.horizons:
         lag = np.where(np.isfinite(period), period * np.ceil(h / np.where(
@@ -242,11 +266,15 @@ def build_features(series: pd.DataFrame, config: DatasetConfig | None = None,
         f[f"x{h}_tokens2_ratio"] = _ahead(tok_per, h, sid, step) / tok_per
         load_h = _ahead(load, h, sid, step)
         targets[f"y_h{h}"] = _ahead(y, h, sid, step)
-        targets[f"s_h{h}"] = _ahead(series["compute_s"].to_numpy(dtype=np.float64), h, sid, step)
+        targets[f"s_h{h}"] = _ahead(compute, h, sid, step)
         targets[f"work_h{h}"] = np.where(np.isfinite(tokens) & np.isfinite(load_h),
                                          cost * load_h, work)
+    return targets
 
-    note("assembling rows")
+
+def _assemble(series: pd.DataFrame, f: _Columns, keep: np.ndarray, level: np.ndarray,
+              targets: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The kept rows: keys, level, features (in the order they were made), then targets."""
     data: dict[str, object] = {c: series[c].to_numpy()[keep] for c in
                                KEY_COLUMNS + ["scenario", "compute_s", "work", "layers", "y"]}
     for col in ("run_id", "scenario"):
