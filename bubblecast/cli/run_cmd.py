@@ -80,12 +80,7 @@ def run(
                                layer_costs="measured" if config.layer_cost_every else "uniform")
     plan = config.plan
     check_controllable(plan.schedule, plan.stages, plan.microbatches, plan.chunks, control)
-    actions_path = actions_file or default_actions_path(out)
-    for option, path in (("--out", out), ("--actions", actions_path)):
-        if path.exists() and path.is_dir():
-            raise BubblecastError(f"{option}: {path} is a directory")
-    if actions_path.resolve() == out.resolve():
-        raise BubblecastError("--actions: must differ from --out")
+    actions_path = _output_paths(out, actions_file)
     forecaster = None
     if model_uri is not None:
         from bubblecast.runtime.control.forecasters import check_model_source
@@ -131,6 +126,17 @@ def run(
                f"{1e3 * result['mean_step_s']:.2f} ms/step, "
                f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
                f"action(s), partition {result['initial_partition']} -> {result['partition']}")
+
+
+def _output_paths(out: Path, actions_file: Path | None) -> Path:
+    """The actions file's path; one-line errors for a directory or a clash with ``--out``."""
+    actions_path = actions_file or default_actions_path(out)
+    for option, path in (("--out", out), ("--actions", actions_path)):
+        if path.exists() and path.is_dir():
+            raise BubblecastError(f"{option}: {path} is a directory")
+    if actions_path.resolve() == out.resolve():
+        raise BubblecastError("--actions: must differ from --out")
+    return actions_path
 
 
 def _launch_with_progress(config: TrainConfig, run: Callable[[Any], dict]) -> dict:
