@@ -96,10 +96,11 @@ def _in_process(runs: list[Path], out: str, config: object, format: str, skip_ba
                 json_out: bool) -> dict:
     """Today's path: every input read into this process, one features file written."""
     from bubblecast.dataset import build_dataset, write_features
+    from bubblecast.dataset.builder import load_for_dataset
     from bubblecast.errors import BubblecastError
     from bubblecast.telemetry.cluster import load_runs
     from bubblecast.telemetry.events import Events
-    from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+    from bubblecast.telemetry.importers import require_per_op, timing_of
 
     with progress_notes(not json_out) as note:
         parts, skipped = [], []
@@ -110,7 +111,7 @@ def _in_process(runs: list[Path], out: str, config: object, format: str, skip_ba
                 parts.append(ev)
                 skipped += bad
                 continue
-            parts.append(load_events(path, format))
+            parts.append(load_for_dataset(path, format))  # only the columns it uses
             require_per_op(parts[-1], "dataset", path)
         events = parts[0] if len(parts) == 1 else Events.concat(parts)
         dupes = len(events.run_ids) != sum(len(p.run_ids) for p in parts)
