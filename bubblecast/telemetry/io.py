@@ -212,10 +212,27 @@ def _unreadable(path: Path, exc: Exception) -> BubblecastError:
     return BubblecastError(f"{path}: not a readable Parquet file ({text})")
 
 
+def _check_unread_types(schema: pa.Schema, want: list[str] | None, source: str) -> None:
+    """Known numeric optional columns left unread are still type-checked (schema only, no
+    data): a file is refused as a whole whichever columns a command reads."""
+    if want is None:
+        return
+    for field in schema:
+        expected = OPTIONAL.get(field.name)
+        if field.name in want or expected is None or pa.types.is_string(expected):
+            continue
+        if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
+                or pa.types.is_null(field.type)):
+            kind = "integer" if pa.types.is_integer(expected) else "float"
+            raise SchemaError(source, field.name, None, f"expected {kind}, got {field.type}")
+
+
 def _read_one(path: Path, columns: list[str] | None = None) -> Events:
     want = columns
     try:
-        want, strings = wanted_columns(pq.read_schema(path), columns)
+        schema = pq.read_schema(path)
+        want, strings = wanted_columns(schema, columns)
+        _check_unread_types(schema, want, str(path))
         frame, meta = read_streaming(path, want, strings)
         if frame is None:
             box = [pq.read_table(path, columns=want, read_dictionary=strings,
@@ -224,6 +241,8 @@ def _read_one(path: Path, columns: list[str] | None = None) -> Events:
             frame = table_to_pandas(box)
     except (pa.ArrowInvalid, OSError) as exc:
         raise _unreadable(path, exc) from None
+    except BubblecastError:
+        raise
     except Exception:  # pyarrow raises several types for an odd dictionary column
         try:
             box = [pq.read_table(path, columns=want, page_checksum_verification=True)]

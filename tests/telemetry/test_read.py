@@ -102,3 +102,15 @@ def test_write_read_round_trip_keeps_categoricals_and_metadata(tmp_path: Path) -
     assert json.loads(pq.read_schema(path).metadata[METADATA_KEY])["runs"].keys() == {"a", "b"}
     again = write_events(back, tmp_path / "w2.parquet")
     assert read_events(again).frame.equals(back.frame)
+
+
+@pytest.mark.parametrize("col", ["speed", "layers"])
+def test_a_mistyped_optional_column_is_refused_even_when_not_read(tmp_path: Path, col: str
+                                                                  ) -> None:
+    from bubblecast.errors import BubblecastError
+
+    frame = _frame().assign(**{col: "fast"})  # a string where a number belongs
+    path = _write(tmp_path, frame)
+    with pytest.raises(BubblecastError, match=f"{path}: column '{col}': expected"):
+        read_events(path, columns=["tokens"])  # col is not among the columns read
+    read_events(_write(tmp_path, _frame()), columns=["tokens"])  # well-typed: accepted
