@@ -6,7 +6,7 @@ its own process, so generator CPU and lateness stay out of the servers' latencie
 ``bench_serve.lua`` makes wrk open-loop at a constant rate, latency from due times (as wrk2,
 which Debian lacks). Setup trains a small LightGBM forecaster, saves it as a model directory
 and logs it as an MLflow pyfunc (SQLite store). Then ``--repeats`` runs, each with both servers
-freshly started (one uvicorn worker each): at every offered rate, then at closed-loop capacity
+freshly started (``--workers`` each, default 2): at every offered rate, then at closed-loop capacity
 (8 connections), bubblecast, mlflow, bubblecast, mlflow (paired, alternating), ``--seconds``
 each. bubblecast answers ``POST /v1/forecast`` from a raw window (4 stages x 64 steps); MLflow
 answers ``POST /invocations`` with the window's *precomputed* feature rows (less work). A run's
@@ -271,17 +271,17 @@ def agree(port_ours: int, port_mlflow: int, ours: bytes, theirs: bytes, work: np
     return True
 
 
-def servers(model_dir: Path, model_uri: str, tracking: str, env: dict[str, str]
-            ) -> dict[str, tuple[subprocess.Popen, int, str]]:
-    """Both servers started fresh: name -> (process, port, path). One uvicorn worker each."""
+def servers(model_dir: Path, model_uri: str, tracking: str, env: dict[str, str],
+            workers: int) -> dict[str, tuple[subprocess.Popen, int, str]]:
+    """Both servers started fresh: name -> (process, port, path); ``workers`` each."""
     p_ours, p_mlflow = free_port(), free_port()
     ours = start([str(BIN / "bubblecast"), "serve", "--model", str(model_dir), "--port",
-                  str(p_ours), "--watch-interval", "0"], env,
+                  str(p_ours), "--watch-interval", "0", "--workers", str(workers)], env,
                  f"http://127.0.0.1:{p_ours}/readyz")
     try:
         theirs = start([str(BIN / "mlflow"), "models", "serve", "-m", model_uri,
                         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(p_mlflow),
-                        "-w", "1"], {**env, "MLFLOW_TRACKING_URI": tracking},
+                        "-w", str(workers)], {**env, "MLFLOW_TRACKING_URI": tracking},
                        f"http://127.0.0.1:{p_mlflow}/ping")
     except Exception:
         stop(ours)
@@ -319,6 +319,7 @@ def main() -> None:
     ap.add_argument("--rates", default="100,250,500", help="offered rates, req/s")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds per slot")
     ap.add_argument("--goal-rate", type=float, default=500.0)
+    ap.add_argument("--workers", type=int, default=2, help="worker processes, each server")
     ap.add_argument("--generator-check", action=argparse.BooleanOptionalAction, default=True,
                     help="in run 1, also wrk vs the Python generator at the goal rate")
     ap.add_argument("--runs", type=int, default=8, help="synthetic training runs")
@@ -348,7 +349,8 @@ def main() -> None:
         files = {"bubblecast": write_bodies(ours, tmp), "mlflow": write_bodies(theirs, tmp)}
         runs = []
         for i in range(args.repeats):
-            procs = servers(model_dir, model_uri, tracking, env)
+            procs = servers(model_dir, model_uri, tracking, env, args.workers)
+            time.sleep(3 if args.workers > 1 else 0)  # the other workers finish starting
             try:
                 if i == 0:
                     results["feature_path"] = model_info(procs["bubblecast"][1]).get(

@@ -38,13 +38,20 @@ def write_bodies(bodies: list[bytes], directory: Path) -> Path:
     return path
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of ``pid`` so far (0.0 when unknown or gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, TypeError, IndexError):
+def process_cpu_s(pgid: int | None) -> float:
+    """User + system CPU seconds so far of the processes in group ``pgid`` (a server started
+    in its own session, with its workers; 0.0 when unknown). Exited children are not seen."""
+    if pgid is None:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def run_wrk(port: int, path: str, bodies: Path, *, rate: float, seconds: float,
