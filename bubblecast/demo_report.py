@@ -15,20 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from bubblecast.telemetry.jsonclean import plain
+
 # ---------------------------------------------------------------------------- JSON
-
-
-def plain(obj: Any) -> Any:
-    """``obj`` as strict JSON values: numpy scalars unwrapped, NaN and inf as None."""
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return plain(obj.item()) if hasattr(obj, "item") else obj
 
 
 def dumps(obj: Any) -> str:

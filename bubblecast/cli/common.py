@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import typer
@@ -25,21 +24,12 @@ def format_option() -> typer.models.OptionInfo:
                              f"{FORMAT_CHOICES[-1]}.")
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item"):  # numpy scalars
-        return _clean(obj.item())
-    return obj
-
-
 def emit_json(obj: dict[str, Any]) -> None:
-    """Print one JSON object on stdout (NaN and inf become null)."""
-    print(json.dumps(_clean(obj), sort_keys=False))
+    """Print one JSON object on stdout (NaN and inf become null; numpy scalars and paths
+    plain values: :func:`bubblecast.telemetry.jsonclean.plain`)."""
+    from bubblecast.telemetry.jsonclean import plain  # not at start-up: loads pandas
+
+    print(json.dumps(plain(obj), sort_keys=False))
 
 
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
