@@ -37,8 +37,8 @@ from bubblecast.sim.replay_graph import (
     lane_order,
     mix_hash,
     pack_codes,
+    run_placement,
 )
-from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.telemetry.events import Events
 from bubblecast.telemetry.schema import COMM_OPS, COMPUTE_OPS, OPS
 
@@ -169,9 +169,8 @@ class ReplayModel:
         self.stages = meta.stages
         mode = self.config.p2p
         self.blocking_p2p = mode == "blocking" or (mode == "auto" and meta.source != "kineto")
-        self.v_shape = meta.extra.get("stage_layout") == "v-shape" or (
-            meta.chunks == 2 and meta.stages > 1
-            and vstage_ranks(meta.schedule, meta.stages, 2)[meta.stages] == meta.stages - 1)
+        #: ``(stages, chunks)``: virtual stage of each rank's chunk (:func:`run_placement`).
+        self.placement = run_placement(meta, f)
         self.rank = f["rank"].to_numpy(np.int64)
         self.start = f["start_s"].to_numpy(np.float64)
         self.observed = f["duration_s"].to_numpy(np.float64)
@@ -241,10 +240,24 @@ class ReplayModel:
                  "chunk": chunk[pos[0]], "mb": mb[pos[0]], "fused": fused[pos[0]],
                  "group": self.group[rep]}
             c.update({k: v[c["rank"]] for k, v in roles.items()})
-            c["vstage"] = np.where(c["chunk"] == 0, c["stage"], 2 * self.stages - 1 - c["stage"]) \
-                if self.v_shape else c["chunk"] * self.stages + c["stage"]
+            c["vstage"] = self._vstage(c["stage"], c["chunk"])
             grp.layout = build_layout(c, self.stages, cfg.launch_delays, self.blocking_p2p)
             self.groups.append(grp)
+
+    @property
+    def v_shape(self) -> bool:
+        """True when rank ``r`` holds virtual stages ``r`` and ``2P - 1 - r``."""
+        p = self.stages
+        return self.placement.shape == (p, 2) and p > 1 and bool(
+            (self.placement[:, 1] == 2 * p - 1 - np.arange(p)).all())
+
+    def _vstage(self, stage: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        """Virtual stage of each (stage, chunk); chunks beyond the placement count looped."""
+        p, v = self.placement.shape
+        ok = (stage >= 0) & (stage < p) & (chunk >= 0) & (chunk < v)
+        looped = chunk * self.stages + stage
+        return np.where(ok, self.placement[np.clip(stage, 0, p - 1), np.clip(chunk, 0, v - 1)],
+                        looped)
 
     def _rank_roles(self) -> dict[str, np.ndarray]:
         """Stage, replica and tensor-parallel index of each rank (index = rank)."""

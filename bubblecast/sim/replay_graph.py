@@ -12,12 +12,14 @@ holding its launch delay.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from bubblecast.sim.engine import OpGraph
-from bubblecast.telemetry.schema import COMM_OPS, OPS
+from bubblecast.sim.schedules import lookup_schedule, vstage_ranks
+from bubblecast.telemetry.schema import COMM_OPS, OPS, RunMeta
 
 OP_INDEX = {op: i for i, op in enumerate(OPS)}
 _OP = OP_INDEX
@@ -158,6 +160,62 @@ def build_layout(c: dict[str, np.ndarray], stages: int, joins: bool,
                     deps=deps, dep_lag=lag)
     return StepLayout(unit_first, col_unit, unit_prev, comp, dep_src, dep_dst, unpaired, graph,
                    joins)
+
+
+def run_placement(meta: RunMeta, frame: pd.DataFrame) -> np.ndarray:
+    """``(stages, chunks)``: the virtual stage of each (stage, chunk) of a logged run.
+
+    In order: the run's recorded ``vstages`` (``extra``, as ``bubblecast simulate`` writes
+    for non-looped placements), ``stage_layout: v-shape`` (Kineto imports), the placement of a
+    schedule bubblecast knows by name (``torch:`` classes and readable ``csv:`` files
+    included); else, for an unknown schedule with several chunks, the order in which
+    microbatch 0's forwards ran in the first step (each virtual stage's F follows the previous
+    one's), when that covers every (stage, chunk) once; else looped (``c * P + s``).
+    """
+    p, v = int(meta.stages), int(meta.chunks)
+    looped = np.arange(v)[None, :] * p + np.arange(p)[:, None]
+    table = _valid(meta.extra.get("vstages"), p, v)
+    if table is None and meta.extra.get("stage_layout") == "v-shape" and v == 2:
+        table = np.c_[np.arange(p), 2 * p - 1 - np.arange(p)]
+    name = str(meta.schedule)
+    known = lookup_schedule(name) is not None or name.startswith("torch:") or (
+        name.startswith("csv:") and Path(name[4:]).is_file())
+    if table is None and known:
+        owner = vstage_ranks(name, p, v)
+        table = _valid([np.flatnonzero(owner == r).tolist() for r in range(p)], p, v)
+    if table is None and v > 1 and p > 1:
+        table = _observed_placement(frame, p, v)
+    return looped if table is None else table
+
+
+def _valid(value: object, p: int, v: int) -> np.ndarray | None:
+    """``value`` as a ``(p, v)`` placement holding each virtual stage once, else None."""
+    try:
+        table = np.asarray(value, dtype=np.int64)
+    except (TypeError, ValueError):
+        return None
+    if table.shape != (p, v) or sorted(table.ravel().tolist()) != list(range(p * v)):
+        return None
+    return table
+
+
+def _observed_placement(frame: pd.DataFrame, p: int, v: int) -> np.ndarray | None:
+    """The placement microbatch 0's forwards of the first step ran in (replica 0's first
+    rank per stage), or None when they do not visit every (stage, chunk) once."""
+    f = frame[(frame["op"] == "F") & (frame["microbatch"] == 0)]
+    if f.empty:
+        return None
+    f = f[(f["step"] == f["step"].min()) & (f["replica"] == f["replica"].min())]
+    f = f[f["rank"] == f.groupby("stage")["rank"].transform("min")]
+    f = f.sort_values(["start_s", "duration_s"], kind="stable")
+    pairs = list(zip(f["stage"].astype(int), f["chunk"].astype(int), strict=True))
+    if len(set(pairs)) != p * v or sorted(pairs) != [(s, c) for s in range(p)
+                                                        for c in range(v)]:
+        return None
+    table = np.empty((p, v), dtype=np.int64)
+    for i, (s, c) in enumerate(pairs):
+        table[s, c] = i
+    return table
 
 
 def lane_order(step: np.ndarray, rank: np.ndarray, start: np.ndarray,

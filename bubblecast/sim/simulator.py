@@ -32,7 +32,7 @@ import pandas as pd
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
-from bubblecast.sim.schedules import check_schedule
+from bubblecast.sim.schedules import ScheduleGraph, check_schedule
 from bubblecast.sim.shape import PipelineShape
 from bubblecast.sim.steptime import shape_graph
 from bubblecast.sim.workload import (
@@ -162,6 +162,16 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
     return (scenario, draw), workload
 
 
+def _record_placement(meta: RunMeta, sg: ScheduleGraph) -> None:
+    """Save a non-looped placement (V shape, a ``csv:`` order's own) in ``extra["vstages"]``
+    so that replay and what-if need neither the schedule's name nor its CSV file."""
+    table = sg.schedule.vstages
+    p, v = table.shape
+    looped = np.arange(v)[None, :] * p + np.arange(p)[:, None]
+    if not np.array_equal(table, looped):
+        meta.extra["vstages"] = table.tolist()
+
+
 def _partition_steps(parts: np.ndarray) -> list[list[Any]]:
     change = np.flatnonzero(np.any(parts[1:] != parts[:-1], axis=1)) + 1
     return [[int(s), parts[s].tolist()] for s in np.r_[0, change]]
@@ -182,6 +192,7 @@ def simulate_events(config: SimConfig) -> Events:
         (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[:, i])
         draws.append(draw)
         metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts)
+        _record_placement(metas[run_id], sg)
     dur_s = dur.reshape(n, -1)
     dur_s /= 1000.0
     start, _ = simulate(sg.graph, dur_s.T, config.comm / 1000.0)
