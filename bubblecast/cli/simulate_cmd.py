@@ -6,15 +6,17 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, parse_int_list
+from bubblecast.sim.schedule_table import schedule_help
 
 
 @app.command()
 def simulate(
     schedule: str = typer.Option(..., "--schedule",
-                                 help="gpipe, 1f1b, interleaved, zb-h1 or zb-h2."),
+                                 help=schedule_help()),
     stages: int = typer.Option(..., "--stages", help="Pipeline stages P."),
     microbatches: int = typer.Option(..., "--microbatches", help="Microbatches M per step."),
-    chunks: int = typer.Option(1, "--chunks", help="Model chunks V per rank (interleaved)."),
+    chunks: int = typer.Option(1, "--chunks", help="Model chunks V per rank "
+                        "(multi-chunk schedules; V-shape ones hold 2)."),
     f: float | None = typer.Option(None, "--f", help="Forward ms per microbatch and stage [1]."),
     b: float | None = typer.Option(None, "--b", help="Backward (B) ms [1]."),
     w: float | None = typer.Option(None, "--w", help="Weight-gradient (W) ms [1]."),

@@ -143,3 +143,18 @@ def test_partition_changes_between_steps_in_library(tmp_path):
     assert ev.runs["sim-0"].extra["partition_steps"] == [[0, [3, 3]], [2, [2, 4]]]
     layers = ev.frame.groupby(["step", "stage"])["layers"].first().unstack().to_numpy()
     np.testing.assert_array_equal(layers, [[3, 3], [3, 3], [2, 4], [2, 4]])
+
+
+def test_schedule_help_lists_every_simulable_schedule_and_source(capsys):
+    """``simulate --help`` names every schedule of the table (one source) and the sources."""
+    from bubblecast.cli import main
+    from bubblecast.sim.schedule_table import SCHEDULES
+
+    assert main(["simulate", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name, spec in SCHEDULES.items():
+        if spec.simulable:
+            assert name in out, name
+    for word in ("zb-v", "dualpipev", "zb-interleaved", "looped-bfs", "torch:<ClassName>",
+                 "csv:FILE", "ScheduleDualPipeV", "ScheduleLoopedBFS"):
+        assert word in out, word
