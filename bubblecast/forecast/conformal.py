@@ -81,22 +81,39 @@ def apply_grouped(q: np.ndarray, shifts: dict[str, tuple[float, ...]], groups: n
     median is clipped into them instead (bounds that would cross meet at their middle), so the
     interval covers what the calibration runs say.
     """
-    lo = np.array([shifts.get(str(int(g)), shifts["all"])[0] for g in range(groups.max() + 1)]) \
-        if len(groups) else np.zeros(0)
-    hi = np.array([shifts.get(str(int(g)), shifts["all"])[1] for g in range(groups.max() + 1)]) \
-        if len(groups) else np.zeros(0)
     out = np.array(q, dtype=np.float64, copy=True)
-    if len(groups):
-        out[:, 0] -= lo[groups]
-        out[:, 2] += hi[groups]
+    if not len(groups):
+        return apply_bounds(out, None, None, mode)
+    lo, hi = group_bounds(shifts, int(groups.max()) + 1)
+    return apply_bounds(out, lo[groups], hi[groups], mode)
+
+
+def group_bounds(shifts: dict[str, tuple[float, ...]], n_groups: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` shifts of groups ``0..n_groups-1`` (the pooled ``"all"`` ones for a group
+    without its own)."""
+    pairs = [shifts.get(str(g), shifts["all"]) for g in range(n_groups)]
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def apply_bounds(out: np.ndarray, lo: np.ndarray | None, hi: np.ndarray | None,
+                 mode: str = "shift") -> np.ndarray:
+    """:func:`apply_grouped` in place on sorted quantiles ``out`` ``(..., 3)`` (any leading
+    shape), ``lo`` and ``hi`` the shifts of each row (shaped like ``out[..., 0]``; None: no
+    shift); returns ``out``. Element by element, so a stack of horizons at once gives the
+    numbers one call per horizon gives."""
+    if lo is not None:
+        out[..., 0] -= lo
+        out[..., 2] += hi
+    p10, p50, p90 = out[..., 0], out[..., 1], out[..., 2]  # views into out
     if mode == "interval":
-        middle = (out[:, 0] + out[:, 2]) / 2
-        crossed = out[:, 0] > out[:, 2]
-        out[crossed, 0] = out[crossed, 2] = middle[crossed]
-        out[:, 1] = np.clip(out[:, 1], out[:, 0], out[:, 2])
+        middle = (p10 + p90) / 2
+        crossed = p10 > p90
+        p10[crossed] = p90[crossed] = middle[crossed]
+        out[..., 1] = np.clip(p50, p10, p90)
         return out
-    out[:, 0] = np.minimum(out[:, 0], out[:, 1])
-    out[:, 2] = np.maximum(out[:, 2], out[:, 1])
+    out[..., 0] = np.minimum(p10, p50)
+    out[..., 2] = np.maximum(p90, p50)
     return out
 
 

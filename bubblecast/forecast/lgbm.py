@@ -30,7 +30,13 @@ from bubblecast.forecast.base import (
     log_target,
     relative_inputs,
 )
-from bubblecast.forecast.conformal import apply_grouped, calibration_groups, grouped_shifts
+from bubblecast.forecast.conformal import (
+    apply_bounds,
+    apply_grouped,
+    calibration_groups,
+    group_bounds,
+    grouped_shifts,
+)
 from bubblecast.forecast.lgbm_rows import MAX_ROWS, RowScorer
 
 _LONG_LAG = re.compile(r"^f_u_(peer_)?lag(\d+)$")
@@ -210,11 +216,17 @@ class LGBMForecaster(Forecaster):
         n, width = X.shape[0], nf + nh
         rows = np.ascontiguousarray(values.reshape(n, len(hz), width).transpose(1, 0, 2),
                                     dtype=np.float32)
-        z = np.empty((n, len(hz), 3))
+        z = np.empty((len(hz), n, 3))
         for i, h in enumerate(hz):
-            z[:, i] = apply_grouped(np.sort(self._raw(rows[i], h), axis=1), self.shifts_[h],
-                                    groups, self.calibration)
-        return level[:, None, None] * np.exp(z)
+            z[i] = self._raw(rows[i], h)
+        z.sort(axis=2)
+        # every horizon's shifts at once (element by element: what apply_grouped gives per
+        # horizon); groups are 0 (no known-ahead tokens) or 1
+        bounds = [group_bounds(self.shifts_[h], 2) for h in hz]
+        lo = np.array([b[0] for b in bounds])[:, groups]
+        hi = np.array([b[1] for b in bounds])[:, groups]
+        z = apply_bounds(z, lo, hi, self.calibration)
+        return level[:, None, None] * np.exp(z.transpose(1, 0, 2))
 
     def _matrix_plan(self, hz: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """Positions in ``X`` of the inputs of every requested horizon, in order, and which of
