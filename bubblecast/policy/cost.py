@@ -21,11 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+
+if TYPE_CHECKING:
+    from bubblecast.sim.shape import PipelineShape
 
 #: Keys under which a JSON object lists measured migrations: ``migrations``, the ``rows`` of
 #: ``benchmarks/results/migration.json``, or the runtime's ``actions`` (RunMeta.extra).
@@ -157,14 +160,18 @@ def fit_measurements(records: list[dict[str, Any]], where: str = "migrations"
 class MigrationCost:
     """Migration cost of moving from one partition to another.
 
-    ``param_bytes[l]`` is layer ``l``'s parameter bytes (one replica). With ``ranks`` set
-    (interleaved schedules), partitions list virtual stages and virtual stage ``v`` lives on
-    rank ``v % ranks``: a layer moving between two chunks of one rank costs nothing.
+    ``param_bytes[l]`` is layer ``l``'s parameter bytes (one replica). Partitions list layers
+    per virtual stage; what ships is a layer whose *rank* changes. ``placement[v]`` is the rank
+    of virtual stage ``v`` (:meth:`for_shape` takes it from the schedule: ``v % P`` looped,
+    ``v`` then ``2P - 1 - v`` V-shape); without it, ``ranks`` set means looped (``v % ranks``)
+    and neither means one virtual stage per rank. A layer moving between two chunks of one rank
+    costs nothing.
     """
 
     param_bytes: np.ndarray
     constants: MigrationConstants = MigrationConstants()
     ranks: int | None = None
+    placement: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.ranks is not None and self.ranks < 1:
@@ -173,29 +180,67 @@ class MigrationCost:
         if pb.size == 0 or np.any(pb < 0) or not np.all(np.isfinite(pb)):
             raise BubblecastError("param_bytes: need finite, non-negative bytes per layer")
         object.__setattr__(self, "param_bytes", pb)
+        if self.placement is not None:
+            place = tuple(int(r) for r in self.placement)
+            if not place or min(place) < 0:
+                raise BubblecastError(f"placement {list(place)}: need a rank >= 0 per "
+                                      f"virtual stage")
+            object.__setattr__(self, "placement", place)
+
+    @classmethod
+    def for_shape(cls, param_bytes: np.ndarray, constants: MigrationConstants,
+                  shape: PipelineShape) -> MigrationCost:
+        """The cost for a pipeline ``shape`` (a :class:`~bubblecast.sim.shape.PipelineShape`):
+        its schedule's placement when it has several chunks per rank."""
+        return cls(param_bytes, constants).placed(shape)
+
+    def placed(self, shape: PipelineShape) -> MigrationCost:
+        """This cost with the placement of ``shape``'s schedule (unchanged with one chunk)."""
+        if int(shape.chunks) <= 1:
+            return self
+        return replace(self, placement=schedule_placement(shape.schedule, shape.stages,
+                                                           shape.chunks))
 
     @property
     def layer_bytes(self) -> np.ndarray:
         """Bytes each layer ships when it moves: parameters plus optimizer state."""
         return self.param_bytes * (1.0 + self.constants.optimizer_factor)
 
-    def _owners(self, partition: Sequence[int]) -> np.ndarray:
+    def layer_ranks(self, partition: Sequence[int],
+                    placement: Sequence[int] | None = None) -> np.ndarray:
+        """Rank holding each layer under ``partition`` (layers per virtual stage), placed by
+        ``placement`` (default this cost's)."""
         part = [int(x) for x in partition]
         if sum(part) != self.param_bytes.size or any(x < 1 for x in part):
             raise BubblecastError(f"partition {part}: must hold {self.param_bytes.size} layers, "
                                   ">= 1 per stage")
         owner = np.repeat(np.arange(len(part)), part)
+        place = self.placement if placement is None else tuple(int(r) for r in placement)
+        if place is not None:
+            if len(place) != len(part):
+                raise BubblecastError(f"partition {part}: {len(part)} virtual stages, the "
+                                      f"placement has {len(place)}")
+            return np.asarray(place, dtype=np.int64)[owner]
         return owner % self.ranks if self.ranks else owner
 
-    def bytes_moved(self, old: Sequence[int], new: Sequence[int]) -> float:
-        """Bytes of every layer whose owner differs between ``old`` and ``new``."""
-        moved = self._owners(old) != self._owners(new)
+
+    def bytes_moved(self, old: Sequence[int], new: Sequence[int],
+                    old_placement: Sequence[int] | None = None,
+                    new_placement: Sequence[int] | None = None) -> float:
+        """Bytes of every layer whose rank differs between ``old`` and ``new``."""
+        moved = self.layer_ranks(old, old_placement) != self.layer_ranks(new, new_placement)
         return float(self.layer_bytes[moved].sum())
 
-    def seconds(self, old: Sequence[int], new: Sequence[int]) -> float:
-        """Pause paid by the repartition ``old -> new``; 0 when the partition is unchanged."""
-        a, b = self._owners(old), self._owners(new)
-        if [int(x) for x in old] == [int(x) for x in new]:
+    def seconds(self, old: Sequence[int], new: Sequence[int],
+                old_placement: Sequence[int] | None = None,
+                new_placement: Sequence[int] | None = None) -> float:
+        """Pause paid by the repartition ``old -> new`` (a schedule switch when the
+        placements differ); 0 when neither the partition nor the placement changes."""
+        a = self.layer_ranks(old, old_placement)
+        b = self.layer_ranks(new, new_placement)
+        same_place = (tuple(old_placement) if old_placement is not None else None) == \
+            (tuple(new_placement) if new_placement is not None else None)
+        if [int(x) for x in old] == [int(x) for x in new] and same_place:
             return 0.0
         moved = a != b
         lb = self.layer_bytes
@@ -209,3 +254,10 @@ class MigrationCost:
         else:
             volume = float(lb[moved].sum())
         return volume / self.constants.bandwidth_Bps + self.constants.fixed_pause_s
+
+
+def schedule_placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
+    """Rank of each virtual stage of ``schedule`` (``stages * chunks`` entries)."""
+    from bubblecast.sim.schedules import vstage_ranks
+
+    return tuple(int(r) for r in vstage_ranks(schedule, int(stages), int(chunks)))

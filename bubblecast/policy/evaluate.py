@@ -121,8 +121,7 @@ def migration_model(run: RunData, config: EvalConfig) -> tuple[MigrationCost, st
         measured = run_constants(run.extra, config.migration)
         if measured is not None:
             constants, source = measured, "fitted to the migrations the run records"
-    ranks = run.pipeline.stages if run.pipeline.chunks > 1 else None
-    return MigrationCost(pb, constants, ranks), source
+    return MigrationCost.for_shape(pb, constants, run.pipeline), source
 
 
 def layer_memory(run: RunData, migration: MigrationCost) -> np.ndarray:

@@ -7,7 +7,8 @@ if its peak in-flight activations (:func:`bubblecast.sim.memory.schedule_peak`, 
 microbatches of a rank's activations; 1F1B's is ``P``) fit ``activation_cap``. Each rank
 keeps as many layers as it holds, split evenly over the candidate's chunks (which layers
 they are follows the candidate's placement, so a switch between placements moves layers:
-the decision leaves its migration time unknown); every candidate's step
+the decision's ``migration_s`` prices the layers whose rank changes, looped or V-shape, with
+the state's :class:`~bubblecast.policy.cost.MigrationCost`); every candidate's step
 time is simulated under the same per-rank speeds (:func:`~bubblecast.sim.steptime.
 predicted_step`). :func:`choose_schedule` switches when the best candidate saves at least
 ``min_gain`` of the step; :class:`SchedulePolicy` does so after every step from the last
@@ -22,6 +23,7 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import SetSchedule
+from bubblecast.policy.cost import schedule_placement
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.policies import Policy
 from bubblecast.policy.state import PolicyState
@@ -40,6 +42,7 @@ class ScheduleOption:
     partition: tuple[int, ...]
     peak_activations: float
     step_s: float
+    migration_s: float = 0.0
 
 
 def rank_layers(shape: PipelineShape, partition: tuple[int, ...]) -> list[int]:
@@ -74,8 +77,25 @@ def schedule_options(state: PolicyState, rank_speed: np.ndarray,
         if activation_cap is not None and peak > activation_cap + 1e-9:
             continue
         step, _ = predicted_step(shape, [part], state.costs, np.atleast_2d(rank_speed))
-        out.append(ScheduleOption(shape, part, peak, float(step[0, 0])))
+        out.append(ScheduleOption(shape, part, peak, float(step[0, 0]),
+                                  switch_seconds(state, shape, part)))
     return out
+
+
+def switch_seconds(state: PolicyState, shape: PipelineShape, partition: tuple[int, ...]
+                   ) -> float:
+    """Pause of switching from the state's schedule and partition to ``shape`` running
+    ``partition``: the layers whose rank changes under the two placements (0 for the
+    current plan itself)."""
+    now = state.pipeline
+    if shape.schedule == now.schedule and tuple(partition) == tuple(state.partition):
+        return 0.0
+    old = schedule_placement(now.schedule, now.stages, len(state.partition) // now.stages)
+    new = schedule_placement(shape.schedule, shape.stages, shape.chunks)
+    seconds = state.migration.seconds(state.partition, partition, old, new)
+    if shape.schedule != now.schedule:  # rebuilding the schedule pauses even if nothing moves
+        seconds = max(seconds, state.migration.constants.fixed_pause_s)
+    return seconds
 
 
 def choose_schedule(state: PolicyState, rank_speed: np.ndarray,
@@ -101,7 +121,7 @@ def choose_schedule(state: PolicyState, rank_speed: np.ndarray,
                              predicted_step_with_action_s=best.step_s)
     cap = "no cap" if activation_cap is None else f"cap {activation_cap:g}"
     return Decision(SetSchedule(best.shape.schedule), predicted_step_s=now_s,
-                    predicted_step_with_action_s=best.step_s,
+                    predicted_step_with_action_s=best.step_s, migration_s=best.migration_s,
                     reason=f"{best.shape.schedule} ({best.shape.chunks} chunks) peaks at "
                            f"{best.peak_activations:.2f} microbatches ({cap}) and saves "
                            f"{1 - best.step_s / now_s:.1%} of the step")

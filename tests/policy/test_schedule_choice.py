@@ -82,3 +82,51 @@ def test_options_see_a_slow_rank(slow_rank):
     fast = {o.shape.schedule: o.step_s for o in schedule_options(_state(), np.ones(4))}
     slow = {o.shape.schedule: o.step_s for o in schedule_options(_state(), speed)}
     assert all(slow[n] > fast[n] for n in fast)
+
+
+def _moved_layers(old_rank, new_rank) -> int:
+    return sum(int(old_rank(layer) != new_rank(layer)) for layer in range(16))
+
+
+def test_a_switch_prices_the_layers_whose_rank_changes():
+    """1F1B with 4 layers a rank -> zbv (2 layers a virtual stage, rank r holds virtual
+    stages r and 7 - r) or interleaved (v on rank v % 4): the pause is the bytes of the
+    layers that change rank, counted here layer by layer, over the bandwidth plus the pause."""
+    st = _state()
+    per_layer = 1e6 * (1 + CHEAP.constants.optimizer_factor)
+    want = {
+        "zbv": _moved_layers(lambda x: x // 4, lambda x: x // 2 if x // 2 < 4 else 7 - x // 2),
+        "interleaved": _moved_layers(lambda x: x // 4, lambda x: (x // 2) % 4),
+        "zb-h1": 0, "1f1b": None,
+    }
+    options = {o.shape.schedule: o for o in schedule_options(st, np.ones(4))}
+    assert want["zbv"] == 12 and want["interleaved"] == 12
+    for name, moved in want.items():
+        got = options[name].migration_s
+        if moved is None:  # the current plan: nothing to pay
+            assert got == 0.0
+        else:  # a switch always pays the fixed pause (the schedule is rebuilt)
+            assert got == pytest.approx(moved * per_layer / 1e10 + 0.01), name
+    # Back from zbv to 1F1B moves the same layers back.
+    back = {o.shape.schedule: o for o in schedule_options(_state("zbv", 2, (2,) * 8),
+                                                          np.ones(4))}
+    assert back["1f1b"].migration_s == pytest.approx(options["zbv"].migration_s)
+    decision = choose_schedule(st, np.ones(4), activation_cap=4.0)
+    assert decision.migration_s == pytest.approx(options[decision.action.schedule].migration_s)
+
+
+def test_a_v_shape_cost_moves_layers_between_ranks_not_virtual_stages():
+    """Under zbv, virtual stages 3 and 4 are both rank 3: a layer moving between them ships
+    nothing, while the looped reading (4 % 4 = rank 0) would ship it."""
+    shape = timing_shape("zbv", stages=4, microbatches=8, chunks=2)
+    cost = MigrationCost.for_shape(np.full(16, 1e6), CHEAP.constants, shape)
+    assert cost.placement == (0, 1, 2, 3, 3, 2, 1, 0)
+    old, new = (2,) * 8, (2, 2, 2, 1, 3, 2, 2, 2)
+    assert cost.bytes_moved(old, new) == 0.0
+    looped = MigrationCost(np.full(16, 1e6), CHEAP.constants, ranks=4)
+    assert looped.bytes_moved(old, new) == pytest.approx(1e6 * 7)
+    assert cost.seconds(old, new) == pytest.approx(0.01)  # the pause only
+    # Interleaved keeps the looped placement; one chunk needs none.
+    inter = timing_shape("interleaved", stages=4, microbatches=8, chunks=2)
+    assert CHEAP.placed(inter).placement == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert CHEAP.placed(timing_shape("1f1b", stages=4, microbatches=8)) is CHEAP
