@@ -1,22 +1,33 @@
 """Overhead of ``bubblecast.record`` on a user's own pipeline loop: a direct A/B.
 
-Two ranks under torchrun (gloo, CPU, one thread each) train one pipeline (a plain torch
-``Schedule1F1B`` over an MLP, each rank half the layers, SGD). Blocks of ``--block`` steps
-alternate between recorded and bare (the order swapped every round, barriers around each
-block): a recorded block attaches the one ``bubblecast.record`` recording to the schedule, runs,
-ends its step and detaches (all inside the timed block), so both arms run the very same
-schedule, weights and buffers. The recording keeps its defaults (a part every 50 steps, at
-most one per 5 s, written by the background thread; optimizer timed); as parts are written
-only in recorded blocks, they land there twice as densely as in a run recorded throughout.
+Two ranks under torchrun (gloo, CPU, one thread each) train one pipeline: a plain torch
+``Schedule1F1B`` over 8 x (Linear(H, H) + GELU) (H=512 by default: 2.1M parameters), each rank
+half the layers, 4 micro-batches of 16, SGD, the same batch (fixed seeds) every step. The arms
+take turns on that one pipeline, one block of ``--block`` steps each per round (order AB, BA,
+BA, AB, ...; barriers around each block; the first ``--warmup`` rounds dropped):
 
-The overhead is the median over rounds of the per-round ratio recorded/bare - 1, in wall time
-and in process CPU time (writer thread included, summed over ranks), with a 95% bootstrap
-interval of that median; also the ratio of the totals, which charges the rounds that write a
-part in full. ``--control`` runs the same with nothing attached (A/A): the method's own noise.
+- ``bare``: nothing attached;
+- ``record``: the user's default, as in the README example: ``bubblecast.record(schedule,
+  out=..., optimizer=opt)`` (run_id None; flush_every=50, min_part_s=5: a part at most every
+  5 s; host timing; no per-layer cost sampling). Its one recording is attached at the start
+  of each of its blocks and detached at the end, after waiting for the parts handed to the
+  writer thread, so that all of its cost, the writer's CPU included, lands in its own blocks;
+- ``frequent`` (``--frequent``): the built-in trainer's settings, record(...,
+  flush_every=50, min_part_s=0, layer_cost_every=10, metrics_every=10, clock_every=100): a
+  part every 50 steps, per-layer costs and device metrics every 10, clock offsets every 100;
+- ``control`` (``--control``): a second bare arm (A/A: the method's own noise).
 
-    python benchmarks/bench_record.py [--rounds 40] [--block 10] [--control]
+Blocks of ~100 steps last about as long as ``min_part_s`` (at ~50 ms per step), so a
+``record`` block writes about one part, as a run recorded throughout does per 5 s.
 
-Prints a table and writes benchmarks/results/record.json (record-control.json).
+The overhead of an arm is the median over rounds of its per-round ratio to ``bare`` (- 1), in
+wall time per step and in process CPU per step (both ranks summed, writer thread included),
+with a distribution-free 95% interval of that median (order statistics), and the ratio of
+the totals, which charges the rounds that write a part in full.
+
+    python benchmarks/bench_record.py [--rounds 20] [--block 100] [--frequent] [--control]
+
+Prints a table and writes benchmarks/results/record.json.
 """
 
 from __future__ import annotations
@@ -25,26 +36,34 @@ import argparse
 import json
 import os
 import statistics
-import sys
-import tempfile
-import time
 from pathlib import Path
+from typing import Any
+
+from _ab import is_worker, paired_summary, run_job, timed_rounds
 
 RESULTS = Path(__file__).resolve().parent / "results" / "record.json"
+LAYERS, MICROBATCHES, BATCH = 8, 4, 64
+#: record() arguments of each recorded arm, beyond the schedule, out and optimizer.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "record": {},
+    "frequent": {"flush_every": 50, "min_part_s": 0.0, "layer_cost_every": 10,
+                 "metrics_every": 10, "clock_every": 100},
+}
 
 
-def _pipeline(rank: int, world: int, hidden: int, layers: int, microbatches: int):
+def _pipeline(rank: int, world: int, hidden: int) -> tuple[Any, Any, int]:
     import torch
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.manual_seed(0)
     blocks = [torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU())
-              for _ in range(layers)]
-    per = layers // world
+              for _ in range(LAYERS)]
+    per = LAYERS // world
     mine = torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
     stage = PipelineStage(mine, rank, world, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, microbatches, loss_fn=torch.nn.functional.mse_loss)
-    return schedule, torch.optim.SGD(mine.parameters(), lr=1e-3)
+    schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=torch.nn.functional.mse_loss)
+    params = sum(p.numel() for b in blocks for p in b.parameters())
+    return schedule, torch.optim.SGD(mine.parameters(), lr=1e-3), params
 
 
 def worker(job_dir: Path) -> None:
@@ -57,10 +76,10 @@ def worker(job_dir: Path) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    hidden = job["hidden"]
-    schedule, opt = _pipeline(rank, world, hidden, 8, 4)
+    schedule, opt, params = _pipeline(rank, world, job["hidden"])
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, hidden, generator=g), torch.randn(64, hidden, generator=g)
+    x = torch.randn(BATCH, job["hidden"], generator=g)
+    y = torch.randn(BATCH, job["hidden"], generator=g)
 
     def step() -> None:
         if rank == 0:
@@ -70,119 +89,122 @@ def worker(job_dir: Path) -> None:
         opt.step()
         opt.zero_grad()
 
-    rec = bubblecast.record(schedule, out=job_dir / "telemetry", run_id="bench",
-                            optimizer=opt, flush_every=job["flush_every"],
-                            min_part_s=job["min_part_s"])
-    for _ in range(5):  # warm-up: P2P set-up and shape inference (recorded)
+    for _ in range(5):  # P2P set-up and shape inference
         step()
-    rec.end_step()
-    rec.detach()
-    wall: dict[str, list[float]] = {"with": [], "without": []}
-    cpu: dict[str, list[float]] = {"with": [], "without": []}
-    for r in range(job["rounds"]):
-        order = ("with", "without") if r % 2 == 0 else ("without", "with")
-        for name in order:
-            dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            if name == "with" and not job["control"]:
-                rec.attach(schedule)
-            for _ in range(job["block"]):
-                step()
-            if name == "with" and not job["control"]:
-                rec.end_step()
-                rec.detach()
-            c1 = time.process_time()  # this process's CPU, the writer thread included
-            dist.barrier()
-            wall[name].append((time.perf_counter() - t0) / job["block"])
-            cpu[name].append((c1 - c0) / job["block"])
-    rec.close()
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, cpu)
-    if rank == 0:
+    recordings = {}
+    for name in job["recorded"]:  # one at a time: a recording attaches when made
+        recordings[name] = bubblecast.record(schedule, out=job_dir / name, optimizer=opt,
+                                             **SETTINGS[name])
+        recordings[name].detach()
+
+    def arm(name: str) -> tuple[Any, Any]:
+        if name not in recordings:
+            return (lambda: None), (lambda: None)
+        rec = recordings[name]
+
+        def leave() -> None:
+            rec.end_step()
+            rec.recorder.wait_written()  # the writer's CPU is this block's
+            rec.detach()
+        return (lambda: rec.attach(schedule)), leave
+
+    arms = {name: arm(name) for name in job["arms"]}
+    timed_rounds(arms, step, job["warmup"], job["block"], dist.barrier)  # dropped
+    times = timed_rounds(arms, step, job["rounds"], job["block"], dist.barrier)
+    stats = {}
+    for name, rec in recordings.items():
+        rec.close()
         where = Path(str(rec.events_dir))
-        (job_dir / "result.json").write_text(json.dumps(
-            {"wall": wall, "cpu": gathered, "rows": len(bubblecast.read_events(where)),
-             "steps_recorded": rec.step, "parts": len(list(where.glob("rank0000-*.parquet")))}))
+        stats[name] = {"steps": rec.step, "rows": len(bubblecast.read_events(where)),
+                       "parts": len(list(where.glob(f"rank{rank:04d}-*.parquet"))),
+                       "part_cpu_s": rec.recorder.part_cpu_s}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"times": times, "stats": stats})
+    if rank == 0:
+        (job_dir / "result.json").write_text(json.dumps({"ranks": gathered, "params": params}))
     dist.destroy_process_group()
 
 
-def median_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the median of ``values``."""
-    import random
+def summarize(res: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """Per arm: step times, wall and CPU overhead against ``bare``, writer figures."""
+    ranks = res["ranks"]
+    wall = {a: ranks[0]["times"][a]["wall"] for a in arms}  # barriers: equal on every rank
+    cpu = {a: [sum(r["times"][a]["cpu"][i] for r in ranks) for i in range(len(wall[a]))]
+           for a in arms}
+    out: dict[str, Any] = {"params": res["params"],
+                           "step_ms_bare": 1e3 * statistics.median(wall["bare"]),
+                           "cpu_ms_per_step_bare": 1e3 * statistics.median(cpu["bare"]),
+                           "arms": {}}
+    for a in arms:
+        if a == "bare":
+            continue
+        row: dict[str, Any] = {"step_ms": 1e3 * statistics.median(wall[a]),
+                               "wall": paired_summary(wall[a], wall["bare"]),
+                               "cpu": paired_summary(cpu[a], cpu["bare"])}
+        if a in SETTINGS:
+            stats = [r["stats"][a] for r in ranks]
+            part_cpu = [s for st in stats for s in st["part_cpu_s"]]
+            row.update(settings=SETTINGS[a], steps_recorded=stats[0]["steps"],
+                       rows=stats[0]["rows"], parts_per_rank=[st["parts"] for st in stats],
+                       part_cpu_ms_median=1e3 * statistics.median(part_cpu) if part_cpu
+                       else None)
+        out["arms"][a] = row
+    return out
 
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+def report(summary: dict[str, Any], rounds: int, block: int) -> None:
+    """Print the per-arm table."""
+    print(f"model: {summary['params'] / 1e6:.1f}M parameters; bare step "
+          f"{summary['step_ms_bare']:.1f} ms wall, {summary['cpu_ms_per_step_bare']:.1f} ms CPU"
+          f" (both ranks); {rounds} rounds x {block} steps per arm")
+    print(f"{'arm':>9} {'wall % (95% CI)':>24} {'total':>7} {'CPU % (95% CI)':>24} "
+          f"{'total':>7} {'parts':>6} {'ms/part':>8}")
+    for name, row in summary["arms"].items():
+        cells = []
+        for key in ("wall", "cpu"):
+            s = row[key]
+            lo, hi = s["ci95_pct"]
+            cells.append(f"{s['median_pct']:+6.2f} ({lo:+.2f}..{hi:+.2f})".rjust(24)
+                         + f" {s['total_pct']:+6.2f}%")
+        parts = row.get("parts_per_rank", ["-"])[0]
+        per = row.get("part_cpu_ms_median")
+        print(f"{name:>9} {cells[0]} {cells[1]} {parts!s:>6} "
+              f"{'-' if per is None else f'{per:.1f}':>8}")
 
 
 def main() -> None:
     from _results import run_header, write_json
 
-    from bubblecast.runtime.launch import failure_message, launch
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20, help="rounds counted (default 20)")
+    ap.add_argument("--warmup", type=int, default=2, help="rounds run first and dropped")
+    ap.add_argument("--block", type=int, default=100, help="steps per arm per round")
     ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--flush-every", type=int, default=50)
-    ap.add_argument("--min-part-s", type=float, default=5.0)
-    ap.add_argument("--control", action="store_true",
-                    help="A/A control: B is not recorded either (the method's own bias)")
+    ap.add_argument("--frequent", action="store_true",
+                    help="add the trainer's settings (a part every 50 steps, cost sampling)")
+    ap.add_argument("--control", action="store_true", help="add a second bare arm (A/A)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        job_dir = Path(tmp)
-        (job_dir / "bench.json").write_text(json.dumps(
-            {"rounds": args.rounds, "block": args.block, "hidden": args.hidden,
-             "flush_every": args.flush_every, "min_part_s": args.min_part_s,
-             "control": args.control}))
-        code = launch(job_dir, 2, script=__file__, timeout=900)
-        if code != 0:
-            sys.exit(f"benchmark failed: {failure_message(job_dir)}")
-        res = json.loads((job_dir / "result.json").read_text())
-    on, off = res["wall"]["with"], res["wall"]["without"]
-    paired = [a / b - 1.0 for a, b in zip(on, off, strict=True)]
-    cpu_on = [sum(c["with"][i] for c in res["cpu"]) for i in range(len(on))]
-    cpu_off = [sum(c["without"][i] for c in res["cpu"]) for i in range(len(on))]
-    paired_cpu = [a / b - 1.0 for a, b in zip(cpu_on, cpu_off, strict=True)]
-    summary = {
-        "step_s_without": statistics.median(off), "step_s_with": statistics.median(on),
-        "overhead_pct_ab": 100 * statistics.median(paired),
-        "overhead_pct_ab_ci95": [100 * v for v in median_ci(paired)],
-        "overhead_pct_ab_rounds": [100 * p for p in paired],
-        "cpu_s_per_step_without": statistics.median(cpu_off),
-        "cpu_s_per_step_with": statistics.median(cpu_on),
-        "overhead_pct_cpu": 100 * statistics.median(paired_cpu),
-        "overhead_pct_cpu_ci95": [100 * v for v in median_ci(paired_cpu)],
-        "overhead_pct_cpu_rounds": [100 * p for p in paired_cpu],
-        "overhead_pct_total": 100 * (sum(on) / sum(off) - 1.0),
-        "overhead_pct_cpu_total": 100 * (sum(cpu_on) / sum(cpu_off) - 1.0),
-        "rows": res["rows"], "steps_recorded": res["steps_recorded"],
-        "parts_rank0": res["parts"],
-    }
-    print(f"{'round':>5} {'with (ms)':>10} {'without (ms)':>13} {'wall %':>8} "
-          f"{'CPU with':>9} {'CPU w/o':>8} {'CPU %':>7}")
-    for i, (a, b, p) in enumerate(zip(on, off, paired, strict=True)):
-        print(f"{i:>5} {1e3 * a:>10.2f} {1e3 * b:>13.2f} {100 * p:>8.2f} "
-              f"{1e3 * cpu_on[i]:>9.2f} {1e3 * cpu_off[i]:>8.2f} {100 * paired_cpu[i]:>7.2f}")
-    lo, hi = summary["overhead_pct_ab_ci95"]
-    clo, chi = summary["overhead_pct_cpu_ci95"]
-    print(f"bubblecast.record A/B overhead, median of {len(on)} paired rounds: wall "
-          f"{summary['overhead_pct_ab']:+.2f}% (95% CI {lo:+.2f}..{hi:+.2f}), CPU (both ranks) "
-          f"{summary['overhead_pct_cpu']:+.2f}% ({clo:+.2f}..{chi:+.2f}); totals: wall "
-          f"{summary['overhead_pct_total']:+.2f}%, CPU {summary['overhead_pct_cpu_total']:+.2f}%;"
-          f" {res['rows']} rows, {res['parts']} parts per rank")
-    path = RESULTS.with_name("record-control.json") if args.control else RESULTS
-    write_json(path, {**run_header("record", backend="gloo", ranks=2,
-                                      model=f"Schedule1F1B, 8 x (Linear {args.hidden} + GELU), "
-                                            "4 microbatches of 16",
-                                      flush_every=args.flush_every,
-                                      min_part_s=args.min_part_s, block=args.block,
-                                      control=args.control),
-                         "summary": summary})
+    recorded = ["record"] + (["frequent"] if args.frequent else [])
+    arms = ["bare", *recorded] + (["control"] if args.control else [])
+    load_before = list(os.getloadavg())
+    res = run_job(__file__, {"rounds": args.rounds, "warmup": args.warmup, "block": args.block,
+                             "hidden": args.hidden, "arms": arms, "recorded": recorded},
+                  timeout=1800)
+    summary = summarize(res, arms)
+    report(summary, args.rounds, args.block)
+    write_json(args.out, {**run_header(
+        "record", backend="gloo", ranks=2, load_average=[load_before, list(os.getloadavg())],
+        model=f"Schedule1F1B, {LAYERS} x (Linear {args.hidden} + GELU), {MICROBATCHES} "
+              f"microbatches of {BATCH // MICROBATCHES}, SGD",
+        rounds=args.rounds, warmup_rounds=args.warmup, block=args.block, arms=arms),
+        "summary": summary})
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:
+    if is_worker():
+        import sys
+
         worker(Path(sys.argv[1]))
     else:
         main()

@@ -1,4 +1,4 @@
-"""Events parts on disk: the recorder's rows as columns, its background writer, the merge.
+"""The recorder's rows: a step's view of them, as events columns, written as parts, merged.
 
 :class:`PartWriter` validates and writes each batch of rows as ``rank{r}-{k}.parquet`` in a
 background thread (``bubblecast.telemetry`` write path: validated, atomic), so training never
@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bubblecast.telemetry.schema import RunMeta
+
+#: Op names by the op code of a recorder row ``(step, chunk, microbatch, op code, start,
+#: duration, layers, tokens)``.
+OPS = ("F", "B", "W", "OPTIMIZER")
+_OPT = 3
 
 #: Turns a batch of buffered rows into events columns (runs in the writer thread).
 Columns = Callable[[list[tuple]], dict[str, Any]]
@@ -48,6 +54,37 @@ def event_columns(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank:
     }
 
 
+class StepView:
+    """Read-only view of the rows of the step now ending, handed to step hooks.
+
+    Valid only during the hook call (the recorder may flush its buffer right after); reading
+    it allocates nothing, so a per-step hook stays cheap.
+    """
+
+    __slots__ = ("_rows", "step")
+
+    def __init__(self, rows: list[tuple], step: int) -> None:
+        self._rows, self.step = rows, step
+
+    def ops(self) -> Iterator[tuple[str, int, int, float]]:
+        """``(op, chunk, microbatch, duration_s)`` of each op of the step, latest first."""
+        step = self.step
+        for row in reversed(self._rows):
+            if row[0] != step:
+                return
+            yield OPS[row[3]], row[1], row[2], row[5]
+
+    def compute_s(self) -> float:
+        """Seconds of the step's compute ops (F, B, W; the optimizer excluded)."""
+        total, step = 0.0, self.step
+        for row in reversed(self._rows):
+            if row[0] != step:
+                break
+            if row[3] != _OPT:
+                total += row[5]
+        return total
+
+
 class PartWriter:
     """Writes ``rank{rank:04d}-{part:06d}.parquet`` files under ``events_dir`` in a thread."""
 
@@ -55,6 +92,7 @@ class PartWriter:
         self.events_dir, self.rank, self.run_id, self._columns = events_dir, rank, run_id, columns
         self.events_dir.mkdir(parents=True, exist_ok=True)
         self._parts = 0
+        self.cpu_s: list[float] = []  # this thread's CPU seconds per part written
         self._error: BaseException | None = None
         self._queue: queue.Queue | None = queue.Queue()
         self._thread: threading.Thread | None = threading.Thread(
@@ -73,12 +111,16 @@ class PartWriter:
         while True:
             item = self._queue.get()
             if item is None:
+                self._queue.task_done()
                 return
             rows, part, meta = item
+            start = time.thread_time()
             try:
                 self._write(rows, part, meta)
             except BaseException as exc:  # surfaced on the main thread at the next submit
                 self._error = exc
+            self.cpu_s.append(time.thread_time() - start)
+            self._queue.task_done()
 
     def _write(self, rows: list[tuple], part: int, meta: RunMeta) -> None:
         import pandas as pd
@@ -95,6 +137,12 @@ class PartWriter:
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"telemetry writer failed: {err}") from err
+
+    def wait(self) -> None:
+        """Block until every part submitted so far is written; raise a failure."""
+        if self._queue is not None:
+            self._queue.join()
+        self.raise_error()
 
     def close(self) -> None:
         """Wait for the queued parts to be written; raise a failure."""

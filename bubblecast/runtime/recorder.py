@@ -33,53 +33,22 @@ sequence length (0 on ``OPTIMIZER`` rows; null when the caller does not know it:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bubblecast.runtime import clock as clocks
 from bubblecast.runtime.inject import Injection, multiplier
-from bubblecast.runtime.parts import PartWriter, event_columns, merge_parts
+from bubblecast.runtime.parts import OPS as _OPS
+from bubblecast.runtime.parts import PartWriter, StepView, event_columns, merge_parts
 from bubblecast.runtime.sampler import MetricLog
 from bubblecast.telemetry.schema import RunMeta
 
 if TYPE_CHECKING:
     from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
 
-_OPS = ("F", "B", "W", "OPTIMIZER")
 _MISSING = object()  # a stage method that was the class's, not the instance's
 _F, _B, _W, _OPT = range(4)
-
-
-class StepView:
-    """Read-only view of the rows of the step now ending, handed to step hooks.
-
-    Valid only during the hook call (the recorder may flush its buffer right after); reading
-    it allocates nothing, so a per-step hook stays cheap.
-    """
-
-    __slots__ = ("_rows", "step")
-
-    def __init__(self, rows: list[tuple], step: int) -> None:
-        self._rows, self.step = rows, step
-
-    def ops(self) -> Iterator[tuple[str, int, int, float]]:
-        """``(op, chunk, microbatch, duration_s)`` of each op of the step, latest first."""
-        step = self.step
-        for row in reversed(self._rows):
-            if row[0] != step:
-                return
-            yield _OPS[row[3]], row[1], row[2], row[5]
-
-    def compute_s(self) -> float:
-        """Seconds of the step's compute ops (F, B, W; the optimizer excluded)."""
-        total, step = 0.0, self.step
-        for row in reversed(self._rows):
-            if row[0] != step:
-                break
-            if row[3] != _OPT:
-                total += row[5]
-        return total
 
 
 StepHook = Callable[[StepView], None]
@@ -386,6 +355,17 @@ class Recorder:
             self._kept.extend(rows)
             return
         self._writer.submit(rows, self._meta_fn())
+
+    def wait_written(self) -> None:
+        """Block until the parts handed to the writer so far are on disk (an overhead
+        benchmark charges the writer's work to the recorded block this way)."""
+        if self._writer is not None:
+            self._writer.wait()
+
+    @property
+    def part_cpu_s(self) -> list[float]:
+        """The writer thread's CPU seconds for each part written so far."""
+        return list(self._writer.cpu_s) if self._writer is not None else []
 
     def close(self) -> None:
         """Flush what is left and wait for the writer to finish."""

@@ -248,3 +248,20 @@ def test_parts_come_every_flush_every_steps_but_not_sooner_than_min_part_s(tmp_p
         rec.close()
         counts[min_part_s] = len(list(out.glob("rank0000-*.parquet")))
     assert counts == {0.0: 3, 3600.0: 1}  # every 2 steps; or one part, written at close
+
+
+def test_wait_written_returns_with_every_submitted_part_on_disk(tmp_path) -> None:
+    stage = Stage()
+    rec = Recorder(run_id="r", rank=0, stage=0, origin_wall=0.0, flush_every=1,
+                   events_dir=str(tmp_path), meta_fn=lambda: RunMeta(schedule="1f1b",
+                                                                     microbatches=1))
+    rec.attach([stage], {0: {}})
+    for step in range(3):
+        rec.begin_step(step, 1)
+        stage.forward_one_chunk(0)
+        stage.backward_one_chunk(0)
+        rec.end_step()
+        rec.wait_written()
+        assert len(list(tmp_path.glob("rank0000-*.parquet"))) == step + 1
+    assert len(rec.part_cpu_s) == 3 and all(s >= 0 for s in rec.part_cpu_s)
+    rec.close()
