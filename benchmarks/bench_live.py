@@ -166,9 +166,13 @@ def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str,
 
 
 # -- figures --------------------------------------------------------------------------------
-def summarise(raw: dict[str, Any], scale: dict[str, int], every: int) -> dict[str, Any]:
-    """Per policy: throughputs, ratios to static, first action, moves, latency, control."""
+def summarise(raw: dict[str, Any], scale: dict[str, int], every: int, lead: int = 0
+              ) -> dict[str, Any]:
+    """Per policy: throughputs, ratios to static, first action, moves, latency, control.
+    ``first_response_step``: the first move that takes layers off the slowed last rank from
+    the first step with any sign of the fault (``start - lead``: the heating) on."""
     lo, hi, flat, batch = scale["start"], scale["end"], scale["start"] + scale["ramp"], 64
+    sign = lo - lead
     out: dict[str, Any] = {}
     for name, r in raw.items():
         step = np.asarray(r["step_s"])
@@ -184,7 +188,7 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int) -> dict[st
             "samples_s_before": rate(10, lo), "samples_s_slowed": rate(lo, hi),
             "samples_s_plateau": rate(flat, hi),
             "first_action_step": moves[0]["step"] if moves else None,
-            "first_response_step": next((a["step"] for a in moves if a["step"] >= lo
+            "first_response_step": next((a["step"] for a in moves if a["step"] >= sign
                                          and a["to"][0] > a["to"][-1]), None),
             "actions": [{"step": a["step"], "from": a["from"], "to": a["to"],
                          "seconds": a["seconds"]} for a in moves],
@@ -195,7 +199,7 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int) -> dict[st
             "control": r["control"], "forecaster": r["forecaster"],
             "reasons": [{"step": d["step"], "action": d["action"]["action"],
                          "reason": d["reason"], "speed_recent": d.get("speed_recent"),
-                         **({"lead": d["lead"]} if "lead" in d else {})}
+                         **{k: d[k] for k in ("lead", "fixed_s") if k in d}}
                         for d in r["decisions"]],
         }
     base = out["static"]
@@ -275,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / ("live-quick.json" if args.quick else "live.json")
     t0 = time.perf_counter()
     raw = run_sequential(args, scale) if args.sequential else run_interleaved(args, scale)
-    results = summarise(raw, scale, args.every)
+    results = summarise(raw, scale, args.every, args.lead)
     cost = overhead(results, args.every)
     pred, react = results["predictive"], results["reactive"]
     goals = {"optimum_ratio": 1.5, "predictive_ratio_slowed": pred["ratio_slowed"],
@@ -288,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
              and (react["first_response_step"] is None
                   or pred["first_response_step"] < react["first_response_step"]),
              "lead": args.lead,
-             "predictive_lead_steps": None if None in (pred["first_action_step"],
-                                                       react["first_action_step"])
-             else react["first_action_step"] - pred["first_action_step"],
+             "predictive_lead_steps": None if None in (pred["first_response_step"],
+                                                       react["first_response_step"])
+             else react["first_response_step"] - pred["first_response_step"],
              "predictive_not_worse_than_reactive":
                  pred["ratio_slowed"] >= react["ratio_slowed"]}
     from _results import run_header, write_json

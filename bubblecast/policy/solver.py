@@ -1,7 +1,9 @@
 """Exact contiguous partition of ``L`` layers over ``P`` pipeline stages.
 
-Stage ``p`` holding layers ``[j, i)`` takes ``speed[p] * sum(costs[j:i])`` (``speed`` is a time
-multiplier: 1 nominal, 2 twice as slow); with a memory model it must also fit
+Stage ``p`` holding layers ``[j, i)`` takes ``speed[p] * (fixed[p] + sum(costs[j:i]))`` (``speed``
+is a time multiplier: 1 nominal, 2 twice as slow; ``fixed`` the stage's per-op cost that does not
+move with the layers, in the same units as ``costs``, 0 by default: with it, moving layers off
+a slow stage pays less than their cost says); with a memory model it must also fit
 ``sum(memory[j:i]) <= memory_cap[p]``. Every stage holds at least one layer.
 
 :func:`min_bottleneck` finds the smallest achievable largest stage time by dynamic programming
@@ -28,12 +30,14 @@ Partition = tuple[int, ...]
 
 @dataclass(frozen=True)
 class PartitionProblem:
-    """Inputs of the solver, validated: per-layer costs, per-stage speeds, optional memory."""
+    """Inputs of the solver, validated: per-layer costs, per-stage speeds, optional memory and
+    per-stage fixed costs (None: 0)."""
 
     costs: np.ndarray
     speeds: np.ndarray
     memory: np.ndarray | None = None
     memory_cap: np.ndarray | None = None
+    fixed: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         costs = np.asarray(self.costs, dtype=np.float64).ravel()
@@ -47,6 +51,12 @@ class PartitionProblem:
                                   "stages (each stage needs >= 1 layer)")
         object.__setattr__(self, "costs", costs)
         object.__setattr__(self, "speeds", speeds)
+        if self.fixed is not None:
+            fixed = np.broadcast_to(np.asarray(self.fixed, dtype=np.float64).ravel(),
+                                    speeds.shape).copy()
+            if not np.all(np.isfinite(fixed)) or np.any(fixed < 0):
+                raise BubblecastError("fixed: need one finite, non-negative cost per stage")
+            object.__setattr__(self, "fixed", fixed)
         if (self.memory is None) != (self.memory_cap is None):
             raise BubblecastError("memory: give both per-layer memory and a memory cap, or neither")
         if self.memory is not None:
@@ -88,7 +98,8 @@ class SolverTables:
     def stage_time(self, p: int) -> np.ndarray:
         out = self._time.get(p)
         if out is None:
-            out = self._time[p] = self.prob.speeds[p] * self.work
+            fixed = 0.0 if self.prob.fixed is None else float(self.prob.fixed[p])
+            out = self._time[p] = self.prob.speeds[p] * (self.work + fixed)
         return out
 
     def allowed(self, p: int) -> np.ndarray:
@@ -219,6 +230,8 @@ def stage_work(partition: Partition, costs: np.ndarray) -> np.ndarray:
     return c[edges[1:]] - c[edges[:-1]]
 
 
-def bottleneck_of(partition: Partition, costs: np.ndarray, speeds: np.ndarray) -> float:
-    """Largest stage time of ``partition``."""
-    return float(np.max(np.asarray(speeds, dtype=np.float64) * stage_work(partition, costs)))
+def bottleneck_of(partition: Partition, costs: np.ndarray, speeds: np.ndarray,
+                  fixed: np.ndarray | float = 0.0) -> float:
+    """Largest stage time of ``partition`` (``fixed``: per-stage cost that stays put)."""
+    return float(np.max(np.asarray(speeds, dtype=np.float64)
+                        * (stage_work(partition, costs) + fixed)))

@@ -1,5 +1,12 @@
 """What a policy sees (:class:`PolicyState`, :class:`RunContext`) and the planning speed.
 
+A stage's time is its speed times its load, ``fixed + sum of its layers' costs``: ``fixed`` is
+the per-op cost that does not move with the layers (launch and framework overhead, per
+micro-batch; :attr:`PolicyState.fixed`, 0 unless the run measured it). With it the best split of
+a slow stage is further from the compute-only one (live CPU runtime, 12 layers on 2 stages,
+one slowed 2x: 9|3, not 8|4), and policies aim there in one move. :meth:`PolicyState.stage_load`,
+:meth:`PolicyState.problem` and :meth:`PolicyState.predicted_step` are what policies score with.
+
 The planning speed is the one formula every consumer of the predictive policy uses to turn
 speed quantile forecasts into the per-rank speeds it plans on: a risk-weighted mix of the p50
 and p90 forecasts (:func:`planning_speed`), averaged over the horizons with each horizon
@@ -14,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bubblecast.policy.cost import MigrationCost
-from bubblecast.policy.solver import Partition, PartitionProblem
+from bubblecast.policy.solver import Partition, PartitionProblem, stage_work
 from bubblecast.sim.shape import PipelineShape
 
 
@@ -59,7 +66,10 @@ class PolicyState:
     ``history`` is ``(t + 1, P)``: each rank's observed speed (compute seconds per unit of
     layer cost; the slowest replica's where there are several) for steps ``0..t``;
     ``costs`` is ``(L, 3)`` per-layer F, B, W cost; ``partition`` the layers per virtual stage
-    now in force; ``last_action`` the step index of the policy's last repartition (or None).
+    now in force; ``last_action`` the step index of the policy's last repartition (or None);
+    ``fixed`` ``(P,)`` each rank's per-micro-batch cost that stays with the rank whatever layers
+    it holds, in ``costs`` units (None: 0; split evenly over a rank's virtual stages and over
+    F, B, W like the layers' costs).
     """
 
     t: int
@@ -71,6 +81,7 @@ class PolicyState:
     last_action: int | None = None
     memory: np.ndarray | None = None
     memory_cap: np.ndarray | float | None = None
+    fixed: np.ndarray | None = None
 
     def vspeed(self, rank_speed: np.ndarray) -> np.ndarray:
         """Per-virtual-stage speeds from per-rank ones (each virtual stage at its rank's:
@@ -87,9 +98,50 @@ class PolicyState:
         b = self.migration.layer_bytes
         return b if np.any(b > 0) else None
 
+    def vfixed(self) -> np.ndarray | None:
+        """Per-virtual-stage fixed cost (each rank's split over its chunks), None when none."""
+        if self.fixed is None:
+            return None
+        return self.vspeed(self.fixed) / self.pipeline.chunks
+
+    def stage_load(self, partition: Partition) -> np.ndarray:
+        """Per-virtual-stage load under ``partition``: fixed cost plus the layers' costs."""
+        work = stage_work(partition, self.costs.sum(axis=1))
+        fixed = self.vfixed()
+        return work if fixed is None else work + fixed
+
     def problem(self, rank_speed: np.ndarray) -> PartitionProblem:
         return PartitionProblem(self.costs.sum(axis=1), np.maximum(self.vspeed(rank_speed), 1e-12),
-                                memory=self.memory, memory_cap=self.memory_cap)
+                                memory=self.memory, memory_cap=self.memory_cap,
+                                fixed=self.vfixed())
+
+    def predicted_step(self, partitions: list[Partition], speeds: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Engine step time and bubble ``(K, H)`` of each partition under each ``(H, P)``
+        speed row, fixed costs included (:func:`bubblecast.sim.steptime.predicted_step`
+        without them)."""
+        from bubblecast.sim.steptime import (
+            op_durations,
+            predicted_step,
+            shape_graph,
+            stage_kind_work,
+            step_times,
+        )
+
+        fixed = self.vfixed()
+        if fixed is None:
+            return predicted_step(self.pipeline, partitions, self.costs, speeds)
+        speeds = np.atleast_2d(np.asarray(speeds, dtype=np.float64))
+        kinds = self.costs.sum(axis=0)
+        share = kinds / kinds.sum() if kinds.sum() > 0 else np.array([1.0, 0.0, 0.0])
+        vspeed = speeds[:, shape_graph(self.pipeline).rank_of_vstage]  # (H, V)
+        work = np.stack([stage_kind_work(p, self.costs) for p in partitions])  # (K, 3, V)
+        work = work + share[None, :, None] * fixed[None, None, :]
+        per = (work[:, None, :, :] * vspeed[None, :, None, :]).reshape(-1, 3, work.shape[-1])
+        step, bubble = step_times(self.pipeline, op_durations(self.pipeline, *per.transpose(
+            1, 0, 2)))
+        k, h = len(partitions), speeds.shape[0]
+        return step.reshape(k, h), bubble.reshape(k, h)
 
 
 @dataclass

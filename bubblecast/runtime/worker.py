@@ -46,6 +46,20 @@ class StepHook(Protocol):
 HookFactory = Callable[[Any, dict[str, Any]], StepHook]  # (trainer, job) -> hook
 
 
+def checkpoint_calendar(steps: dict[int, Any]) -> dict[str, int]:
+    """Run-metadata ``calendar`` entries for the checkpoints saved before ``steps``:
+    ``checkpoint_every``/``checkpoint_first`` when they are evenly spaced (one checkpoint: its
+    step, every a period longer than any run); empty when none or irregular (the dataset's
+    known-future calendar features need a period)."""
+    at = sorted(steps)
+    if not at:
+        return {}
+    gaps = {b - a for a, b in zip(at, at[1:], strict=False)} if len(at) > 1 else {2**31 - 1}
+    if len(gaps) != 1:
+        return {}
+    return {"checkpoint_every": int(gaps.pop()), "checkpoint_first": int(at[0])}
+
+
 def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = None) -> None:
     """Train this rank's part of the job; rank 0 writes ``summary.json``."""
     import torch
@@ -66,6 +80,7 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
     for item in job.get("actions", []):
         actions.setdefault(int(item["step"]), []).append(item["action"])
     checkpoints = {int(k): v for k, v in job.get("checkpoint_at", {}).items()}
+    trainer.calendar.update(checkpoint_calendar(checkpoints))
     show = bool(job.get("progress")) and trainer.rank == 0
     start = trainer.step
     end = int(job["until"]) if job.get("until") is not None else start + config.steps

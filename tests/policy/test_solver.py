@@ -162,3 +162,26 @@ def test_even_partition():
     # One convention everywhere (sim.shape): the first stages take the extra layers.
     assert even_partition(10, 4) == (3, 3, 2, 2)
     assert even_partition(8, 4) == (2, 2, 2, 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(small, st.lists(st.floats(0.0, 3.0), min_size=1, max_size=4))
+def test_fixed_stage_costs_match_brute_force(case, fixed):
+    costs, speeds = case
+    fixed = np.resize(np.asarray(fixed), len(speeds))
+    prob = PartitionProblem(costs, speeds, fixed=fixed)
+    best = min(bottleneck_of(p, costs, speeds, fixed)
+               for p in compositions(len(costs), len(speeds)))
+    assert min_bottleneck(prob) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    part = solve(prob)
+    assert bottleneck_of(part, costs, speeds, fixed) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_zero_fixed_cost_changes_nothing_and_a_fixed_cost_moves_more_off_a_slow_stage():
+    costs, speeds = np.ones(12), [1.0, 2.0]
+    plain = PartitionProblem(costs, speeds)
+    assert solve(PartitionProblem(costs, speeds, fixed=np.zeros(2))) == solve(plain) == (8, 4)
+    # stage time speed x (fixed + layers): a per-op cost the slow stage keeps whatever it holds
+    assert solve(PartitionProblem(costs, speeds, fixed=[2.0, 2.0])) == (9, 3)
+    with pytest.raises(BubblecastError, match="fixed"):
+        PartitionProblem(costs, speeds, fixed=[-1.0, 0.0])

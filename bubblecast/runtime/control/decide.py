@@ -75,7 +75,8 @@ class Decider:
     """
 
     def __init__(self, config: ControllerConfig, plan: Any, param_bytes: np.ndarray,
-                 external: DeciderFactory | None = None) -> None:
+                 external: DeciderFactory | None = None, injections: list | None = None
+                 ) -> None:
         c = self.config = config
         self.history = History(plan.stages, plan.layers, limit=c.history,
                                cost_samples=c.cost_samples,
@@ -93,7 +94,7 @@ class Decider:
         if c.policy == "predictive" and c.lead:
             from bubblecast.runtime.control.lead import ThermalLead
 
-            self.lead = ThermalLead()
+            self.lead = ThermalLead.for_injections(injections or [])
         if c.policy == "predictive" and c.service is not None:
             self.policy = make_policy(c)  # the service runs it: send its knobs
             if external is None:
@@ -176,10 +177,12 @@ class Decider:
         t = len(h) - 1
         last = None if last_move is None else t - (int(h.steps[-1]) - (last_move - 1))
         pipe = timing_shape(plan.schedule, plan.stages, plan.microbatches, plan.chunks, 0.0)
+        fixed = h.fixed(costs)
         return PolicyState(t=t, history=robust_speeds(self._raw, self.config.smooth),
                            partition=current, costs=costs, pipeline=pipe,
                            migration=MigrationCost(self.param_bytes, self.constants),
-                           last_action=last)
+                           last_action=last,
+                           fixed=np.full(plan.stages, fixed) if fixed > 0 else None)
 
     def _ask(self, plan: Any, current: tuple[int, ...], last_move: int | None
              ) -> tuple[Decision, dict[str, Any]]:
@@ -193,6 +196,8 @@ class Decider:
         state = self.state(plan, current, last_move)
         recent = window_speed(state.history, 10)
         facts: dict[str, Any] = {"speed_recent": [round(float(x), 4) for x in recent]}
+        if state.fixed is not None:  # the per-op cost the speeds and the plans include
+            facts["fixed_s"] = round(float(state.fixed[0]), 6)
         if self.external is not None:
             held = self.history.held(state.costs)
             return self.runner(self.external.decide, state, self.history.compute, held), facts
@@ -214,6 +219,8 @@ class Decider:
                 leading = self.lead.leading(recent)
                 if self.lead.active:
                     facts["lead"] = {str(r): round(f, 3) for r, f in self.lead.active.items()}
+            if leading:
+                state = self._lead_state(state)
             decision = self._decide_leading(state) if leading else self.policy.decide(state)
         else:
             decision = self.runner(self.policy.decide, state)
@@ -227,17 +234,32 @@ class Decider:
             facts["guard"] = report()
         return decision, facts
 
+    def _lead_state(self, state: Any) -> Any:
+        """``state`` with no last move when that move came before the lead's onset: the
+        hold after it stops a second reaction to the same noise, not a newly announced fault."""
+        if state.last_action is None or self.lead is None or not self.lead.onset:
+            return state
+        onset = min(self.lead.onset.values())
+        moved = int(self.history.steps[-1]) - (state.t - state.last_action)
+        return replace(state, last_action=None) if moved < onset else state
+
     def _decide_leading(self, state: Any) -> Decision:
-        """The policy's decision with the forecast guard's error check off: a throttle the
-        temperature announces has not shown in the speeds the guard scores forecasts on."""
+        """The policy's decision with the forecast guard's error check and its persistence
+        test off: a throttle the temperature announces has not shown in the speeds the guard
+        scores forecasts on, nor lasted any steps yet (a thermal throttle persists: the
+        payback horizon is not cut to its age so far, which would be 0 before it begins)."""
         guard = getattr(self.policy, "guard", None)
         if guard is None or not hasattr(guard, "enabled"):
             return self.policy.decide(state)
-        saved, guard.enabled = guard.enabled, False
+        off = {k: False for k in ("enabled", "persistence") if hasattr(guard, k)}
+        saved = {k: getattr(guard, k) for k in off}
+        for k, v in off.items():
+            setattr(guard, k, v)
         try:
             decision = self.policy.decide(state)
         finally:
-            guard.enabled = saved
+            for k, v in saved.items():
+                setattr(guard, k, v)
         return replace(decision, reason=f"thermal lead: {decision.reason}") \
             if decision.reason else decision
 

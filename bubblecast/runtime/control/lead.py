@@ -19,8 +19,13 @@ device metric, the plain ``--inject`` ramp) are left alone: the policy is then e
 one without a lead.
 
 The device constants (ambient, threshold, ``tau`` in steps) are those of the emulated device
-(:mod:`bubblecast.runtime.inject`); on real GPUs they are the device's own (NVML reports the
-slowdown temperature; ``tau`` is measured once per device model).
+(:mod:`bubblecast.runtime.inject`, :meth:`ThermalLead.for_injections`: its ``tau`` follows the
+fault's lead, so the emulated device's own is used: with a fixed guess of 150 steps a 2x fault
+with a 30-step lead was read as 1.82-1.9x); on real GPUs they are the device's own (NVML reports
+the slowdown temperature; ``tau`` is measured once per device model). :attr:`ThermalLead.onset`
+is the step each rank was first predicted to throttle: the controller lets the lead's first move
+through the hold after an earlier move (the hold guards against reacting to noise twice, not
+against a new, announced fault).
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ class ThermalLead:
     _factor: dict[int, float] = field(default_factory=dict)
     _cross: dict[int, float] = field(default_factory=dict)
     _healthy_speed: dict[int, float] = field(default_factory=dict)
+    onset: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_injections(cls, injections: list) -> ThermalLead:
+        """A lead with the emulated device's constants (the first thermal fault's ``tau``);
+        the defaults where no injection has a lead."""
+        from bubblecast.runtime.inject import T_AMB, T_THROTTLE
+
+        for inj in injections:
+            model = inj.thermal
+            if model is not None:
+                return cls(t_amb=T_AMB, t_throttle=T_THROTTLE, tau_steps=float(model[1]))
+        return cls()
 
     def add(self, step: int, temps: np.ndarray) -> None:
         """The ranks' temperatures after ``step`` (NaN: none)."""
@@ -80,6 +98,7 @@ class ThermalLead:
                 continue
             self._factor[r] = float(min(self.max_factor, (t_ss - self.t_amb)
                                         / (self.t_throttle - self.t_amb)))
+            self.onset.setdefault(r, int(steps[-1]))
             self._cross[r] = steps[-1] + (self.t_throttle - now[r]) / slope
 
     @property

@@ -86,8 +86,8 @@ class Controller:
         self._src = 0 if ranks is None else ranks[0]
         self.group = dist.new_group(ranks=ranks, backend="gloo")  # control traffic, CPU
         self.param_bytes = self._gather_param_bytes()
-        self.decider = Decider(config, trainer.plan, self.param_bytes, decider) \
-            if self.rank == 0 else None
+        self.decider = Decider(config, trainer.plan, self.param_bytes, decider,
+                               trainer.config.injections) if self.rank == 0 else None
 
     @property
     def note(self) -> str | None:

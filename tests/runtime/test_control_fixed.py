@@ -1,0 +1,73 @@
+"""The live loop's fixed-cost model (History.fixed) and the thermal lead's device constants and
+onset (no processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bubblecast.runtime.control.lead import ThermalLead
+from bubblecast.runtime.control.observe import History
+from bubblecast.runtime.inject import parse_inject
+
+LAYER = 0.8e-3  # seconds per layer per micro-batch (F + B), the live benchmark's
+M = 4
+
+
+def _history(fixed: float, slow: tuple[float, float], steps: int = 40,
+             part: tuple[int, int] = (6, 6), samples: int = 8, seed: int = 0) -> History:
+    rng = np.random.default_rng(seed)
+    h = History(2, 12, cost_samples=samples)
+    fwd = np.full((2, 12), LAYER / 3)
+    for _ in range(samples):
+        h.add_samples(fwd, fwd * 3)
+    load = np.array([fixed + LAYER * part[0], fixed + LAYER * part[1]])
+    compute = M * load * np.array(slow) * rng.lognormal(0, 0.05, (steps, 2))
+    h.add(list(range(steps)), compute, [part] * steps, [M] * steps)
+    return h
+
+
+def test_fixed_cost_is_learnt_from_the_compute_beyond_the_layers_and_then_frozen() -> None:
+    h = _history(0.5e-3, (1.0, 1.0))
+    costs = h.costs()
+    assert h.costs_frozen
+    assert abs(h.fixed(costs) - 0.5e-3) < 0.1e-3
+    speeds = h.speeds(costs)  # compute / (M x (fixed + held)): about 1 for healthy ranks
+    assert abs(np.median(speeds) - 1.0) < 0.05
+    frozen = h.fixed(costs)
+    later = np.full((10, 2), M * (0.5e-3 + 6 * LAYER) * 3.0)  # everything 3x slower now
+    h.add(list(range(40, 50)), later, [(6, 6)] * 10, [M] * 10)
+    assert h.fixed(costs) == frozen  # a later slowdown is speed, not overhead
+
+
+def test_a_rank_slow_from_the_start_does_not_pass_its_slowdown_off_as_overhead() -> None:
+    h = _history(0.5e-3, (1.0, 2.0))
+    costs = h.costs()
+    assert abs(h.fixed(costs) - 0.5e-3) < 0.1e-3  # the smallest rank's, not rank 1's
+    ratio = np.median(h.speeds(costs)[:, 1] / h.speeds(costs)[:, 0])
+    assert abs(ratio - 2.0) < 0.1
+
+
+def test_speeds_do_not_jump_when_layers_move_with_the_fixed_cost_known() -> None:
+    h = _history(0.5e-3, (1.0, 2.0), steps=40)
+    costs = h.costs()
+    h.fixed(costs)
+    load = np.array([0.5e-3 + LAYER * 9, 0.5e-3 + LAYER * 3])
+    h.add(list(range(40, 60)), M * load * [1.0, 2.0] * np.ones((20, 1)), [(9, 3)] * 20,
+          [M] * 20)
+    s = h.speeds(costs)
+    assert abs(np.median(s[40:, 1]) / np.median(s[:40, 1]) - 1.0) < 0.05
+    no_fixed = History(2, 12, measured_costs=False)
+    assert no_fixed.fixed(no_fixed.costs()) == 0.0
+
+
+def test_the_lead_uses_the_emulated_device_constants() -> None:
+    spec = "rank=1,factor=2,start=100,ramp=60,lead=30"
+    inj = parse_inject(spec)[0]
+    lead = ThermalLead.for_injections([inj])
+    assert inj.thermal is not None and lead.tau_steps == inj.thermal[1]
+    assert ThermalLead.for_injections(parse_inject("rank=1,factor=2")).tau_steps == 150.0
+    for step in range(9, 90, 10):  # boundaries every 10 steps, 10+ steps before the slowdown
+        lead.note_speeds(np.array([1.0, 1.0]))
+        lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
+    assert set(lead.active) == {1} and abs(lead.active[1] - 2.0) < 0.1
+    assert lead.onset[1] < 100 - 10  # first predicted at least 10 steps ahead
