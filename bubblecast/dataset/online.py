@@ -6,7 +6,8 @@ numpy gives in a few hundred microseconds, mirroring ``build_features`` feature 
 ``tests/serve/test_features.py`` holds the two equal on random windows with spikes, periods,
 tokens and repartitions; a model needing a column not computed here is served the pandas way.
 Names, positions and constants are cached, each feature written once into one matrix; the
-arithmetic (every bit) is the first numpy version's, kept as a frozen test reference."""
+arithmetic (every bit) is the first numpy version's, kept as a frozen test reference. The
+forecaster adapters over this matrix are in :mod:`bubblecast.dataset.online_frame`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ HORIZON_ROWS = ("u_seasonal", "spike_due", "spike_phase", "tokens_ratio", "token
 def _median_last(a: np.ndarray) -> np.ndarray:
     """Median over the last axis (as ``np.median``: the mean of the middle two when even)."""
     n = a.shape[-1]
-    s = np.sort(a, axis=-1)
+    s = a.copy(order="K")  # np.sort without its wrapper (same layout, same values)
+    s.sort(axis=-1)
     if n % 2:
         return s[..., n // 2]
     return (s[..., n // 2 - 1] + s[..., n // 2]) / 2.0
@@ -42,6 +44,28 @@ def _config_key(cfg: Any) -> tuple:
     return (int(cfg.lags), tuple(int(w) for w in cfg.windows),
             tuple(float(q) for q in cfg.quantiles), tuple(float(a) for a in cfg.ewm_alphas),
             int(cfg.max_period), float(cfg.spike_ratio))
+
+
+_KEYS: dict[int, tuple[Any, tuple]] = {}
+
+
+def _cached_key(cfg: Any) -> tuple:
+    """:func:`_config_key` of a config object seen before (configs are not changed after
+    they are built; the object is held, so its id stays its own)."""
+    hit = _KEYS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    key = _config_key(cfg)
+    if len(_KEYS) >= 16:
+        _KEYS.pop(next(iter(_KEYS)))
+    _KEYS[id(cfg)] = (cfg, key)
+    return key
+
+
+#: ``ndarray.sum`` is ``np.add.reduce`` behind a Python wrapper; the same reduction, called
+#: directly (per-request feature code makes ~20 such calls).
+_sum = np.add.reduce
+_F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @lru_cache(maxsize=64)
@@ -94,10 +118,11 @@ def _window_stats(y: np.ndarray, w: int, quantiles: tuple[float, ...], out: np.n
                   i: int) -> np.ndarray:
     """Rolling mean, std, min, max and quantiles of the last ``w`` rows into ``out[i:]``;
     returns the quantile rows."""
-    tail = np.sort(y[-w:], axis=0)
-    mean = tail.sum(axis=0) / w
+    tail = y[-w:].copy(order="K")
+    tail.sort(axis=0)
+    mean = _sum(tail, 0) / w
     out[i] = mean
-    out[i + 1] = np.sqrt(((tail - mean) ** 2).sum(axis=0) / (w - 1)) if w > 1 else np.nan
+    out[i + 1] = np.sqrt(_sum((tail - mean) ** 2, 0) / (w - 1)) if w > 1 else np.nan
     out[i + 2] = tail[0]
     out[i + 3] = tail[-1]
     lo, hi, frac = _quantile_plan(w, quantiles)
@@ -131,7 +156,7 @@ def _spikes(y: np.ndarray, w: int, ratio: float, history: int, out: np.ndarray, 
     out[i + 1] = since
     out[i + 2] = period
     out[i + 3] = regular
-    out[i + 4] = spike[-history:].sum(axis=0)
+    out[i + 4] = _sum(spike[-history:], 0)
     return since, np.where(regular, period, nan)
 
 
@@ -149,14 +174,16 @@ def _acf(y: np.ndarray, history: int, max_period: int, out: np.ndarray, i: int) 
     views = _windows(y, w)  # (T - w + 1, P, w): rows ending at i + w - 1
     cur = views[t - w]  # (P, w)
     past = views[t - w - lags]  # (L, P, w)
-    m = cur.sum(axis=1) / w
-    sd = np.sqrt(((cur - m[:, None]) ** 2).sum(axis=1) / w)
-    pm = past.sum(axis=2) / w
-    psd = np.sqrt(((past - pm[:, :, None]) ** 2).sum(axis=2) / w)
-    prod = (past * cur[None]).sum(axis=2) / w
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = ((prod - m * pm) / (sd * psd)).T.astype(np.float32)
-    r = np.nan_to_num(r, nan=-1.0)
+    m = _sum(cur, 1) / w
+    sd = np.sqrt(_sum((cur - m[:, None]) ** 2, 1) / w)
+    pm = _sum(past, 2) / w
+    psd = np.sqrt(_sum((past - pm[:, :, None]) ** 2, 2) / w)
+    prod = _sum(past * cur[None], 2) / w
+    r = ((prod - m * pm) / (sd * psd)).T.astype(np.float32)  # the caller ignores 0/0
+    # np.nan_to_num(r, nan=-1.0) without its wrapper: NaN -> -1, +-inf -> the finite extremes
+    np.copyto(r, np.float32(-1.0), where=np.isnan(r))
+    np.minimum(r, _F32_MAX, out=r)
+    np.maximum(r, -_F32_MAX, out=r)
     best = r.max(axis=1)
     first = np.argmax(r >= (best - 0.05)[:, None], axis=1)
     period = np.where(best > 0.6, lags[first], np.nan)
@@ -171,9 +198,16 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     ``(features, P)`` matrix, and ``level`` ``(P,)`` (float64, as the dataset keeps it).
 
     The window is one series per stage starting at its first row, as the dataset's series
-    start at a run's first step.
+    start at a run's first step. A flat or zero series gives NaN features where the dataset
+    has them (0/0), silently.
     """
-    key = _config_key(cfg)
+    with np.errstate(invalid="ignore", divide="ignore"):  # once, not per feature block
+        return _origin_matrix(window, cfg, horizons)
+
+
+def _origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
+                   ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    key = _cached_key(cfg)
     hzs = tuple(int(h) for h in horizons)
     names = _names(key, hzs)
     lags, windows, quantiles, alphas, max_period, ratio = key
@@ -194,7 +228,7 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     for w in windows[1:]:
         pos, pos_mean = _positions(t, w)
         tail = y[-w:]
-        slope = ((pos * tail).sum(axis=0) / w - pos_mean * (tail.sum(axis=0) / w)) \
+        slope = (_sum(pos * tail, 0) / w - pos_mean * (_sum(tail, 0) / w)) \
             / ((w * w - 1) / 12.0)
         out[i] = slope / level
         i += 1
@@ -204,13 +238,12 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     period = np.where(np.isfinite(spike_period), spike_period, acf_period)
     out[i] = period
     peer = _median_last(y)  # (T,): one replica, so peers are the other stages
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio_ = y / peer[:, None]
+    ratio_ = y / peer[:, None]
     out[i + 1] = ratio_[-1]
     out[i + 2] = 1.0
     out[i + 3] = ratio_[-1]
     out[i + 4] = peer[-1]
-    out[i + 5] = ratio_[-windows[0]:].sum(axis=0) / windows[0]
+    out[i + 5] = _sum(ratio_[-windows[0]:], 0) / windows[0]
     i += 6
     out[i:i + lags] = peer[::-1][:lags, None]
     i += lags
@@ -229,11 +262,10 @@ def origin_matrix(window: Window, cfg: Any, horizons: Sequence[int]
     if tokens is None:
         out[i + 3] = nan
     else:
-        out[i + 3] = tokens[-1] / (tokens[-windows[1]:].sum(axis=0) / windows[1])
+        out[i + 3] = tokens[-1] / (_sum(tokens[-windows[1]:], 0) / windows[1])
     i += 4
-    with np.errstate(invalid="ignore", divide="ignore"):
-        _horizon_rows(out[i:].reshape(len(hzs), len(HORIZON_ROWS), p), window, y, hzs,
-                      period, since_spike, spike_period)
+    _horizon_rows(out[i:].reshape(len(hzs), len(HORIZON_ROWS), p), window, y, hzs, period,
+                  since_spike, spike_period)
     return list(names), out.astype(np.float32), np.maximum(level, 1e-12)
 
 
@@ -276,124 +308,3 @@ def origin_features(window: Window, cfg: Any, horizons: Sequence[int]) -> dict[s
     out = dict(zip(names, matrix, strict=True))
     out["level"] = level
     return out
-
-
-class _Column:
-    """One column of a :class:`ColumnFrame`: what ``frame[name].to_numpy(...)`` returns."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.values = values
-
-    def to_numpy(self, dtype: Any = None, copy: bool = False, **_: Any) -> np.ndarray:
-        return self.values.astype(dtype) if dtype is not None else self.values
-
-
-class _Names(list):
-    """Column names with an O(1) ``in``."""
-
-    def __init__(self, names: list[str]) -> None:
-        super().__init__(names)
-        self._set = frozenset(names)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._set
-
-
-class ColumnFrame:
-    """The read-only slice of the pandas DataFrame API a forecaster's ``predict_signal``
-    uses on its inputs (``columns``, ``frame[name].to_numpy()``, ``len``), over the origin
-    matrix without building a DataFrame. Whether a model's ``predict_signal`` is content with
-    it is checked when the model loads (:class:`bubblecast.forecast.served.FeatureModel`)."""
-
-    def __init__(self, names: list[str], matrix: np.ndarray, level: np.ndarray) -> None:
-        self._index = {n: i for i, n in enumerate(names)}
-        self._matrix = matrix
-        self._level = level
-        self.columns = _Names(names + ["level"])
-
-    def __len__(self) -> int:
-        return int(self._level.shape[0])
-
-    def __getitem__(self, name: str) -> _Column:
-        if name == "level":
-            return _Column(self._level)
-        i = self._index.get(name)
-        if i is None:
-            raise KeyError(name)
-        return _Column(self._matrix[i])
-
-
-class FastFeatures:
-    """Origin rows from :func:`origin_matrix`, predicted by the forecaster: straight from the
-    matrix by its ``predict_matrix`` (``mode="matrix"``: no frame at all), or by its own
-    ``predict_signal`` on a :class:`ColumnFrame` (``"light"``) or a small pandas frame
-    (``"frame"``)."""
-
-    MODES = ("matrix", "light", "frame")
-
-    def __init__(self, forecaster: Any, cfg: Any, light: bool = True,
-                 mode: str | None = None) -> None:
-        mode = mode or ("light" if light else "frame")
-        if mode not in self.MODES:
-            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        self.forecaster = forecaster
-        self.cfg = cfg
-        self.mode = mode
-        self.light = mode != "frame"
-        self._plans: dict[tuple[int, ...], np.ndarray] = {}
-        self._predict_matrix = forecaster.predict_matrix if mode == "matrix" else None
-
-    @staticmethod
-    def needed(forecaster: Any) -> set[str]:
-        """Input columns the forecaster reads, as far as its fitted attributes tell."""
-        need = set(getattr(forecaster, "features_", []))
-        for h in getattr(forecaster, "horizons_", []):
-            need |= {f"x{h}_{g[2:]}" for g in getattr(forecaster, "horizon_features_", [])}
-        need |= set(getattr(forecaster, "column_", {}).values())
-        return need
-
-    @classmethod
-    def covers(cls, forecaster: Any, cfg: Any) -> bool:
-        """True when every column the forecaster names is computed here."""
-        hz = [int(h) for h in forecaster.horizons_]
-        t = cfg.history
-        probe = Window(compute=1.0 + np.random.default_rng(0).random((t, 2)),
-                       cost=np.ones((t, 2)), microbatches=2)
-        need = cls.needed(forecaster)
-        return bool(need) and need <= set(origin_matrix(probe, cfg, hz)[0])
-
-    def rows(self, window: Window, horizons: Sequence[int]) -> Any:
-        names, matrix, level = origin_matrix(window, self.cfg, horizons)
-        if self.light:
-            return ColumnFrame(names, matrix, level)
-        import pandas as pd
-
-        frame = pd.DataFrame(matrix.T, columns=names)
-        frame["level"] = level
-        return frame
-
-    def _plan(self, names: list[str], horizons: tuple[int, ...]) -> np.ndarray:
-        """Rows of ``[origin matrix; level]`` in the forecaster's ``matrix_columns`` order
-        (NaN row where the origin has no such column); cached per horizons."""
-        plan = self._plans.get(horizons)
-        if plan is None:
-            where = {n: i for i, n in enumerate(names)}
-            where["level"] = len(names)
-            cols = self.forecaster.matrix_columns(list(horizons))
-            plan = np.array([where.get(c, len(names) + 1) for c in cols], dtype=np.intp)
-            self._plans[horizons] = plan
-        return plan
-
-    def predict(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
-        if self.mode == "matrix":
-            names, matrix, level = origin_matrix(window, self.cfg, horizons)
-            full = np.empty((matrix.shape[0] + 2, matrix.shape[1]))
-            full[:-2] = matrix
-            full[-2] = level
-            full[-1] = np.nan
-            X = full[self._plan(names, tuple(int(h) for h in horizons))].T
-            return np.asarray(self._predict_matrix(X, list(horizons)), dtype=np.float64)
-        preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
-        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)

@@ -166,7 +166,7 @@ class FeatureModel:
         self.metrics = dict(meta.get("metrics") or {})
         self.fast = None
         if fast:
-            from bubblecast.dataset.online import FastFeatures
+            from bubblecast.dataset.online_frame import FastFeatures
 
             if FastFeatures.covers(forecaster, self.config):
                 # Lightest first; each is kept only if it forecasts exactly as the pandas path.
@@ -218,7 +218,8 @@ class FeatureModel:
     def _fast_agrees(self) -> bool:
         """The fast path against the exact one on probe windows (spikes, drift, tokens,
         a repartition): every input column the model reads, and the forecasts."""
-        from bubblecast.dataset.online import FastFeatures, origin_features
+        from bubblecast.dataset.online import origin_features
+        from bubblecast.dataset.online_frame import FastFeatures
 
         hz = list(self.horizons)
         need = sorted(FastFeatures.needed(self.forecaster) | {"level"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bubblecast.dataset.online import FastFeatures
+from bubblecast.dataset.online_frame import FastFeatures
 from bubblecast.dataset.window import Window
 from bubblecast.forecast.served import FeatureModel
 from tests.serve.test_adapters import features_of, run_window
