@@ -204,10 +204,13 @@ def solve(prob: PartitionProblem, *, slack: float = 0.0, objective: str = "sum",
 def candidates(prob: PartitionProblem, *, current: Partition | None = None,
                move_bytes: np.ndarray | None = None,
                slacks: tuple[float, ...] = (0.0, 0.01, 0.03, 0.08),
-               tables: SolverTables | None = None, bottleneck: float | None = None
-               ) -> list[Partition]:
+               tables: SolverTables | None = None, bottleneck: float | None = None,
+               neighbours: bool = False) -> list[Partition]:
     """Distinct good partitions for engine scoring: per slack, the min-sum one and (with
-    ``current``) the fewest-moves one. The first is the exact min-bottleneck, min-sum one."""
+    ``current``) the fewest-moves one. The first is the exact min-bottleneck, min-sum one.
+    ``neighbours``: then the first one's one-layer shifts across each stage boundary (a
+    pipeline's fill and drain can make a split the bottleneck ranks worse the faster one:
+    2 stages, the last slowed 2x, 9|3 against the bottleneck's 8|4; memory caps kept)."""
     t = tables or SolverTables(prob)
     opt = min_bottleneck(prob, t) if bottleneck is None else bottleneck
     out: list[Partition] = []
@@ -217,6 +220,23 @@ def candidates(prob: PartitionProblem, *, current: Partition | None = None,
             found.append(solve(prob, slack=slack, objective="moves", current=current,
                                move_bytes=move_bytes, tables=t, bottleneck=opt))
         out.extend(p for p in found if p not in out)
+    if neighbours:
+        out.extend(p for p in _shifts(out[0], t) if p not in out)
+    return out
+
+
+def _shifts(partition: Partition, tables: SolverTables) -> list[Partition]:
+    """``partition`` with one layer moved across one stage boundary, each way (every stage
+    keeps >= 1 layer and fits its memory cap)."""
+    out = []
+    for b in range(len(partition) - 1):
+        for d in (1, -1):
+            p = list(partition)
+            p[b], p[b + 1] = p[b] + d, p[b + 1] - d
+            edges = np.concatenate([[0], np.cumsum(p)])
+            if min(p) >= 1 and all(tables.allowed(k)[edges[k], edges[k + 1]]
+                                   for k in range(len(p))):
+                out.append(tuple(p))
     return out
 
 

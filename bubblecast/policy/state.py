@@ -69,7 +69,8 @@ class PolicyState:
     now in force; ``last_action`` the step index of the policy's last repartition (or None);
     ``fixed`` ``(P,)`` each rank's per-micro-batch cost that stays with the rank whatever layers
     it holds, in ``costs`` units (None: 0; split evenly over a rank's virtual stages and over
-    F, B, W like the layers' costs).
+    F, B, W like the layers' costs); ``neighbours``: the predictive policy also scores the
+    one-layer shifts of the solver's best split with the engine (the live decider sets it).
     """
 
     t: int
@@ -82,6 +83,7 @@ class PolicyState:
     memory: np.ndarray | None = None
     memory_cap: np.ndarray | float | None = None
     fixed: np.ndarray | None = None
+    neighbours: bool = False
 
     def vspeed(self, rank_speed: np.ndarray) -> np.ndarray:
         """Per-virtual-stage speeds from per-rank ones (each virtual stage at its rank's:

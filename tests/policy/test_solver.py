@@ -185,3 +185,14 @@ def test_zero_fixed_cost_changes_nothing_and_a_fixed_cost_moves_more_off_a_slow_
     assert solve(PartitionProblem(costs, speeds, fixed=[2.0, 2.0])) == (9, 3)
     with pytest.raises(BubblecastError, match="fixed"):
         PartitionProblem(costs, speeds, fixed=[-1.0, 0.0])
+
+
+def test_neighbours_add_the_one_layer_shifts_of_the_best_split():
+    prob = PartitionProblem(np.ones(12), [1.0, 2.0])
+    plain = candidates(prob, current=(6, 6))
+    more = candidates(prob, current=(6, 6), neighbours=True)
+    assert more[:len(plain)] == plain and (9, 3) in more and (7, 5) in more
+    assert (9, 3) not in plain
+    capped = PartitionProblem(np.ones(12), [1.0, 2.0], memory=np.ones(12), memory_cap=8.0)
+    assert all(p[0] <= 8 for p in candidates(capped, neighbours=True))
+    assert candidates(PartitionProblem(np.ones(2), [1.0, 1.0]), neighbours=True) == [(1, 1)]

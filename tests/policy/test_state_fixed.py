@@ -61,3 +61,25 @@ def test_fixed_cost_splits_over_a_rank_s_chunks() -> None:
     s = state(np.array([1.0, 3.0]), pipe=pipe)
     assert np.allclose(s.vfixed(), [0.5, 1.5, 0.5, 1.5])
     assert np.allclose(s.problem(np.ones(2)).fixed, [0.5, 1.5, 0.5, 1.5])
+
+
+def test_the_live_predictive_scores_the_neighbours_and_aims_at_9_3_in_one_move() -> None:
+    """Rank 1 forecast 1.9x slower (the thermal lead's estimate), no fixed cost: the
+    bottleneck's 8|4 and its slack candidates miss 9|3, the engine's best; with the
+    neighbours scored the policy moves 6|6 -> 9|3 directly."""
+    from bubblecast.policy.policies import PredictivePolicy
+
+    class Flat:
+        name = "flat"
+
+        def forecast(self, state, horizons):
+            return np.tile(np.array([1.0, 1.9])[None, :, None], (len(horizons), 1, 3))
+
+    def decide(neighbours: bool):
+        s = PolicyState(t=50, history=np.tile([1.0, 1.9], (51, 1)), partition=(6, 6),
+                        costs=COSTS, pipeline=PIPE, migration=MIG, neighbours=neighbours)
+        p = PredictivePolicy(forecaster=Flat(), guard={"enabled": False, "confirm": 1})
+        return p.decide(s).action.partition
+
+    assert tuple(decide(True)) == (9, 3)
+    assert tuple(decide(False)) == (8, 4)
