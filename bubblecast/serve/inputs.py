@@ -10,6 +10,7 @@ delay per work and in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -46,9 +47,16 @@ class WindowForecast:
 def request_shape(pipe: Pipeline) -> PipelineShape:
     """The request's pipeline as THE timeable :class:`PipelineShape` (what both routes time);
     RequestError naming the field (``pipeline.<name>``) when the engine cannot time it."""
+    return _shape(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks, pipe.comm_s)
+
+
+@lru_cache(maxsize=256)
+def _shape(schedule: str, stages: int, microbatches: int, chunks: int, comm_s: float
+           ) -> PipelineShape:
+    """:func:`request_shape` of these numbers, checked once per distinct shape (the schema's
+    schedules are named ones, fixed for the process; refusals are not cached)."""
     try:
-        return timing_shape(pipe.schedule, pipe.stages, pipe.microbatches, pipe.chunks,
-                            pipe.comm_s)
+        return timing_shape(schedule, stages, microbatches, chunks, comm_s)
     except BubblecastError as exc:
         name, _, rest = str(exc).partition(": ")
         if name.startswith("--") and rest:
