@@ -4,8 +4,10 @@ A 2-stage pipeline (gloo, 2 processes, one thread each) of 12 equal MLP layers (
 trains while the last rank is slowed 2x with a gradual ramp (the runtime's ``--inject``
 emulation: ``rank=1,factor=2.0,start=S,ramp=R,end=E``). Moving 6|6 to 8|4 balances the ranks'
 compute exactly, which would make 1.5x static's throughput the optimum (the ``optimum_ratio``
-goal); per-op costs that do not move with the layers make 9|3 the best split on this runtime
-(1.37x at the full slowdown with fixed partitions; see README for the commands).
+goal); per-op costs that do not move with the layers and the pipeline's fill and drain make
+9|3 (or beyond) the best split on this runtime (see README for the commands); the policies learn
+the fixed part (:meth:`bubblecast.runtime.control.observe.History.fixed`) and the predictive one
+scores the best split's one-layer neighbours, so it aims there in one move.
 
 Default (interleaved): one launch holds one trainer and controller per policy, each on its own
 process groups, plus a second static trainer whose controller is off and a scripted one that
@@ -19,7 +21,9 @@ machine-load drift between launches shows in the ratios).
 
 Per policy: throughput (samples/s) over the slowed period ``[S, E)`` and its plateau
 ``[S + R, E)``, the ratio to static, the step its first repartition applied, moves, decision
-latency. Controller cost at ``--policy static``: the step-time ratio of the static trainer with
+latency (``first_response_step``: the first move taking layers off rank 1 from the first step
+with any sign of the fault on, ``start - lead``; the lead figure compares these). Controller
+cost at ``--policy static``: the step-time ratio of the static trainer with
 its controller to the one without (interleaved, same load), and each rank's seconds inside the
 controller (median phases per boundary) over the step time.
 

@@ -18,11 +18,14 @@ does not move with the layers (per micro-batch: the compute ops' time beyond the
 layer forwards timed inside them, scaled by the op's backward ratio): the median over the steps
 seen until the costs freeze of ``compute / M - held``, the smallest over the ranks (a rank slow
 from the start must not pass its slowdown off as overhead), then frozen with the costs
-(:meth:`History.fixed`). On the live CPU runtime (MLP width 512, batch 64, 4 micro-batches) it
-is 0.3-0.8 ms per micro-batch against 0.8 ms per layer; with it the policies plan 9|3 for 12
-layers with one of 2 ranks slowed 2x, the split the runtime's step times favour, in one move
-(compute-only speeds plan 8|4, then, once there, see the slow rank slower per layer and step
-on to 9|3).
+(:meth:`History.fixed`). On the live CPU runtime (MLP width 512, batch 64, 4 micro-batches)
+``bubblecast collect`` runs put it at 0.1-1.0 ms per micro-batch against about 0.8 ms per layer,
+and ``benchmarks/bench_live.py`` runs learnt 0.5-1.6 ms (it also takes in the contention of a
+loaded machine: the layer samples time one layer's forward at a time). Without it a rank's speed
+per unit of layer cost shifts when its share changes, so a policy moved 6|6 -> 8|4, saw the
+slow rank slower per layer there and stepped on to 9|3; with it, and the engine scoring the
+best split's one-layer neighbours (``PolicyState.neighbours``: the pipeline's fill and drain
+favour 9|3 over the bottleneck's 8|4), the predictive policy aims at 9|3 in one move.
 
 **Robust speeds.** Live step times on a shared CPU machine are noisy (one descheduled op
 stretches a rank's step by 50 % and more; ``benchmarks/results/live.json``), so a policy that
@@ -52,8 +55,13 @@ below the noise.
   load swing cancels) and scales it back by the recent median common level.
 - :data:`LIVE_POLICY_DEFAULTS`: the predictive policy's hysteresis in the live loop: no
   decision before ``min_history`` steps, a move must gain ``min_gain`` per step (above the
-  noise of a window median), then the policy holds ``hold_decisions`` decision periods: it
-  never oscillates at the decision rate. A forecast-driven move needs ``confirm_decisions``
+  noise of a window median), then the policy holds ``hold_decisions`` decision periods: 1, as
+  long as the reactive policy's cooldown (10 steps), since while the forecast guard distrusts
+  the forecaster the predictive policy acts as reactive, and with 2 it followed a plain ramp
+  10 steps behind reactive at each step (bench_live: 7|5, 8|4, 9|3 at 132/162/192 against
+  132/152/172); the guard's move budget, ``min_gain`` and the moves' payback test bound the
+  moves instead (seeded noisy ramps: the same moves as with 2 on 5 of 6, one 10 steps
+  earlier on the sixth; never back and forth). A forecast-driven move needs ``confirm_decisions``
   consecutive decisions agreeing (the forecast guard's ``confirm``): 1 live, since each more
   costs a decision period (10 steps at ``every`` 10; 5, its offline default, would be 50,
   longer than a thermal lead) and the window medians and ``min_gain`` already stop one-off
@@ -71,7 +79,7 @@ import numpy as np
 from bubblecast.errors import BubblecastError
 
 #: Predictive-policy knobs of the live loop (explicit ``policy_params`` win).
-LIVE_POLICY_DEFAULTS: dict[str, Any] = {"min_gain": 0.05, "hold_decisions": 2,
+LIVE_POLICY_DEFAULTS: dict[str, Any] = {"min_gain": 0.05, "hold_decisions": 1,
                                         "min_history": 30, "confirm_decisions": 1}
 #: Steps whose median common level scales the relative forecast back to speeds.
 LEVEL_WINDOW = 10
