@@ -154,7 +154,7 @@ def _write_parts(frame: pd.DataFrame, meta: FeaturesMeta, hashes: Any, config: D
                                              json.dumps(part_meta.to_json(),
                                                         sort_keys=True).encode()})
         atomic_write(Path(tmp) / run_dir_name(run) / PART_NAME, lambda f, t=part: pq.write_table(
-            t, f, compression="zstd", use_dictionary=strings, write_page_checksum=True))
+            t, f, compression="lz4", use_dictionary=strings, write_page_checksum=True))
 
 
 def build_unit(units: list[Any], format: str, config: DatasetConfig, tmp: str,
