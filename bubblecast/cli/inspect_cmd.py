@@ -8,7 +8,12 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option, parse_int_list
-from bubblecast.cli.fleet_options import cluster_option
+from bubblecast.cli.fleet_options import (
+    cluster_option,
+    local_analysis,
+    skip_bad_runs_option,
+    skipped_into,
+)
 
 
 @app.command()
@@ -26,20 +31,20 @@ def inspect(
                               "(default: all), comma-separated."),
     run: str | None = typer.Option(None, "--run", help="Run id, when the file holds several."),
     cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = skip_bad_runs_option(),
 ) -> None:
     """Bubble fraction, structural vs dynamic bubbles, bottleneck stage and slow ranks."""
-    from bubblecast.sim.analysis import BubbleAnalysis
-
     chosen = parse_int_list(steps, "--steps")
     if cluster is not None:  # the analysis as one task on a Dask worker
         from bubblecast.cli.fleet_options import analyse
 
         outputs = [(name, str(path), chosen) for name, path in
                    (("plot", plot), ("to_perfetto", perfetto)) if path is not None]
-        summary = analyse(cluster, file, format, run, "summary", outputs=outputs)
+        summary = analyse(cluster, file, format, run, "summary", outputs=outputs,
+                          skip_bad=skip_bad_runs)
     else:
-        analysis = BubbleAnalysis(file, format, run_id=run)
-        summary = analysis.summary()
+        analysis, skipped = local_analysis(file, format, run, skip_bad_runs)
+        summary = skipped_into(analysis.summary(), skipped)
         if plot is not None:
             analysis.plot(plot, steps=chosen)
         if perfetto is not None:

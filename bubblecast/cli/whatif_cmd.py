@@ -8,7 +8,12 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json, format_option
-from bubblecast.cli.fleet_options import cluster_option
+from bubblecast.cli.fleet_options import (
+    cluster_option,
+    local_analysis,
+    skip_bad_runs_option,
+    skipped_into,
+)
 
 
 @app.command()
@@ -21,17 +26,17 @@ def whatif(
         False, "--launch-delays",
         help="Keep each op's observed unexplained start delay (host launch gaps) in the replay."),
     cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = skip_bad_runs_option(),
 ) -> None:
     """Replay error, and step time when ideal, bottleneck fixed, slow ranks fixed, balanced."""
-    from bubblecast.sim.analysis import BubbleAnalysis
-
     if cluster is not None:  # the replay as one task on a Dask worker
         from bubblecast.cli.fleet_options import analyse
 
         result = analyse(cluster, file, format, run, "whatif",
-                         {"launch_delays": launch_delays})
+                         {"launch_delays": launch_delays}, skip_bad=skip_bad_runs)
     else:
-        result = BubbleAnalysis(file, format, run_id=run).whatif(launch_delays=launch_delays)
+        analysis, skipped = local_analysis(file, format, run, skip_bad_runs)
+        result = skipped_into(analysis.whatif(launch_delays=launch_delays), skipped)
     if json_out:
         emit_json(result)
     else:

@@ -188,17 +188,23 @@ def executor(cluster: str | None, progress: bool = True) -> Iterator[Executor]:
 
 
 def load_runs(paths: Sequence[Any], format: str = "auto", skip_bad: bool = False,
-              command: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
+              command: str | None = None, run: str | None = None,
+              quiet: bool = False) -> tuple[Any, list[dict[str, Any]]]:
     """Read command-line inputs in this process, unit by unit (a fleet run by run), as one
     ``Events``; and the runs skipped as unreadable (``skip_bad``), each ``{run_id, path,
     error}``. Without ``skip_bad`` an unreadable fleet run fails naming the run and its file.
-    ``command`` refuses step-granularity input for a command that needs per-op order."""
+    ``command`` refuses step-granularity input for a command that needs per-op order.
+    ``run``: of a fleet holding that run, read only it. ``quiet``: skipped runs are not
+    printed (a worker's caller prints them)."""
     from bubblecast.telemetry.events import Events
     from bubblecast.telemetry.fleet import units_of
     from bubblecast.telemetry.importers import load_events, require_per_op
 
     parts, skipped = [], []
-    for unit in units_of(list(paths)):
+    units = units_of(list(paths))
+    if run is not None and any(u.run_id == run for u in units):
+        units = [u for u in units if u.run_id in (None, run)]
+    for unit in units:
         try:
             ev = load_events(unit.path, format)
         except BubblecastError as exc:
@@ -210,7 +216,7 @@ def load_runs(paths: Sequence[Any], format: str = "auto", skip_bad: bool = False
         if command is not None:
             require_per_op(ev, command, unit.source or unit.path)
         parts.append(ev)
-    if skipped:
+    if skipped and not quiet:
         note_skipped(skipped)
     if not parts:
         raise BubblecastError(f"no run could be read ({len(skipped)} skipped)")

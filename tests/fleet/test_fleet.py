@@ -93,8 +93,39 @@ def test_append_is_atomic_and_refuses_a_present_run(fleet: Path, tmp_path: Path)
     assert read_events(target).run_ids == ["sim-0"]
 
 
+@pytest.fixture
+def several_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of several runs (one group per worker), so a task reads runs at once."""
+    monkeypatch.setattr("bubblecast.dataset.fleet.GROUPS_PER_WORKER", 1)
+
+
+def _corrupt(fleet: Path, run: str) -> Path:
+    part = fleet / run_dir_name(run) / "part-00000.parquet"
+    part.write_bytes(part.read_bytes()[:200] + b"\0" * 64)
+    return part
+
+
+def test_group_read_equals_run_by_run(fleet: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from bubblecast.dataset.series import EVENT_COLUMNS
+    from bubblecast.telemetry.events import Events
+    from bubblecast.telemetry.fleet_read import read_group
+
+    dirs = list(fleet_runs(fleet).values())
+    for columns in (list(EVENT_COLUMNS), None):
+        one = Events.concat([read_events(d, columns=columns) for d in dirs])
+        many = read_group(dirs, columns)
+        assert many is not None and many.runs == one.runs
+        pd.testing.assert_frame_equal(many.frame, one.frame)
+    shutil.copytree(fleet, tmp_path / "bad")
+    _corrupt(tmp_path / "bad", "sim-2")
+    assert read_group(list(fleet_runs(tmp_path / "bad").values()), None) is None
+
+
 def test_dataset_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster: str,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+                                           capsys: pytest.CaptureFixture[str],
+                                           several_per_group: None) -> None:
     from bubblecast.dataset.store import read_features
 
     assert main(["dataset", str(fleet), *DATA, "--out", str(tmp_path / "a.parquet"),
@@ -113,13 +144,13 @@ def test_dataset_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster:
 
 
 def test_corrupt_run_fails_naming_it_or_is_skipped(fleet: Path, tmp_path: Path, cluster: str,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   several_per_group: None) -> None:
     import shutil
 
     bad = tmp_path / "bad"
     shutil.copytree(fleet, bad)
-    part = bad / run_dir_name("sim-2") / "part-00000.parquet"
-    part.write_bytes(part.read_bytes()[:200] + b"\0" * 64)
+    _corrupt(bad, "sim-2")
     out = tmp_path / "feat"
     assert main(["dataset", str(bad), *DATA, "--out", str(out), "--cluster", cluster]) == 2
     err = capsys.readouterr().err
@@ -221,3 +252,41 @@ def test_killed_worker_is_retried_or_one_line(tmp_path: Path, cluster: str) -> N
         with pytest.raises(BubblecastError, match="workers died") as err:
             ex.map(_always_die, [1])
     assert "\n" not in str(err.value)
+
+
+def test_inspect_whatif_skip_bad_runs(fleet: Path, tmp_path: Path, cluster: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    bad = tmp_path / "bad"
+    for run in ("sim-0", "sim-2"):
+        shutil.copytree(fleet / run_dir_name(run), bad / run_dir_name(run))
+    _corrupt(bad, "sim-2")
+    for cmd in ("inspect", "whatif"):
+        for extra in ([], ["--cluster", cluster]):
+            assert main([cmd, str(bad), "--json", *extra]) == 2
+            err = capsys.readouterr().err.strip()
+            assert "sim-2" in err and "part-00000.parquet" in err and "\n" not in err
+        assert main([cmd, str(bad), "--json", "--run", "sim-0"]) == 0  # only that run is read
+        plain = _json(capsys)
+        for extra in ([], ["--cluster", cluster]):
+            assert main([cmd, str(bad), "--json", "--skip-bad-runs", *extra]) == 0, extra
+            captured = capsys.readouterr()
+            got = json.loads(captured.out.strip().splitlines()[-1])
+            assert [s["run_id"] for s in got.pop("skipped_runs")] == ["sim-2"]
+            assert got == plain and "skipped sim-2" in captured.err
+
+
+def test_local_cluster_dashboard_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    import urllib.request
+
+    from bubblecast.telemetry.cluster import executor
+
+    pytest.importorskip("bokeh")
+    with executor("local:1", progress=False):
+        err = capsys.readouterr().err
+        url = re.search(r"dashboard (http://\S+)", err)
+        assert url is not None, err
+        with urllib.request.urlopen(url.group(1), timeout=20) as resp:
+            assert resp.status == 200 and b"<html" in resp.read(65536).lower()
