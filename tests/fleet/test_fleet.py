@@ -290,3 +290,21 @@ def test_local_cluster_dashboard_answers(capsys: pytest.CaptureFixture[str]) -> 
         assert url is not None, err
         with urllib.request.urlopen(url.group(1), timeout=20) as resp:
             assert resp.status == 200 and b"<html" in resp.read(65536).lower()
+
+
+def test_features_with_a_bad_part_fail_naming_the_run_or_skip_it(fleet: Path,
+                                                                 tmp_path: Path) -> None:
+    from bubblecast.dataset.fleet import read_features_skipping
+    from bubblecast.dataset.store import read_features
+
+    feat = tmp_path / "feat"
+    assert main(["dataset", str(fleet), *DATA, "--out", f"{feat}/"]) == 0
+    whole, meta = read_features(feat)
+    _corrupt(feat, "sim-3")
+    with pytest.raises(BubblecastError, match=r"run 'sim-3': .*part-00000.parquet"):
+        read_features_skipping(feat)
+    frame, part_meta, skipped = read_features_skipping(feat, skip_bad=True)
+    assert [s["run_id"] for s in skipped] == ["sim-3"]
+    assert part_meta.runs == [r for r in meta.runs if r != "sim-3"]
+    kept = whole.loc[whole["run_id"].astype(str) != "sim-3"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(_sorted(frame), _sorted(kept), check_categorical=False)
