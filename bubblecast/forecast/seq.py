@@ -109,13 +109,23 @@ class SeqForecaster(Forecaster):
         self.static_ += [c for h in self.horizons_ for c in columns if c.startswith(f"x{h}_")]
 
     def _arrays(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        return self._standardised(*self._raw_arrays(frame))
+
+    def _raw_arrays(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' sequences and their static inputs before standardisation (row-wise:
+        rows may come part by part, :mod:`.seq_data`)."""
         seq_cols = [f"f_u_lag{k}" for k in self.seq_lags_]
         seq = [relative_inputs(frame, seq_cols, log=True, anchor=self.anchor)]
         if self.peer_lags_:
             peer_cols = [f"f_u_peer_lag{k}" for k in self.seq_lags_]
             seq.append(relative_inputs(frame, peer_cols, log=True, anchor=self.anchor))
         seq_arr = np.nan_to_num(np.stack(seq, axis=-1), nan=0.0)
-        static = relative_inputs(frame, self.static_, log=True, anchor=self.anchor)
+        return seq_arr, relative_inputs(frame, self.static_, log=True, anchor=self.anchor)
+
+    def _standardised(self, seq_arr: np.ndarray, static: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Standardised static inputs (the first call, on the training rows, fixes the
+        scaling) with missing-value indicators; both as float32."""
         if not hasattr(self, "mean_"):
             with warnings.catch_warnings():  # all-NaN columns (e.g. no tokens) are fine
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -140,15 +150,20 @@ class SeqForecaster(Forecaster):
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
 
-    def fit(self, frame: pd.DataFrame) -> SeqForecaster:
-        import torch
-
+    def _prepare(self, frame: pd.DataFrame) -> None:
+        """Forget an earlier fit's scaling; horizons, dataset config and input columns of
+        ``frame`` (its rows may be none: only columns and attrs are read)."""
         for attr in ("mean_", "std_", "missing_"):
             if hasattr(self, attr):
                 delattr(self, attr)
         self.horizons_ = frame_horizons(frame)
         self.dataset_config_ = dataset_config_of(frame)
         self._columns(frame.columns)
+
+    def _split_rows(self, frame: pd.DataFrame) -> tuple[dict[str, np.ndarray],
+                                                         np.random.Generator]:
+        """Row positions of ``train`` (sampled to ``max_train_rows``), ``val`` and ``cal``
+        with a known target; ``frame`` needs ``run_id``, ``scenario`` and the targets only."""
         masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
         rng = np.random.default_rng(self.seed)
         known = np.isfinite(np.column_stack([frame[f"y_h{h}"].to_numpy(dtype=float)
@@ -156,11 +171,33 @@ class SeqForecaster(Forecaster):
         rows = {k: np.flatnonzero(m & known) for k, m in masks.items()}
         if self.max_train_rows and len(rows["train"]) > self.max_train_rows:
             rows["train"] = np.sort(rng.choice(rows["train"], self.max_train_rows, replace=False))
+        return rows, rng
+
+    def fit(self, frame: pd.DataFrame) -> SeqForecaster:
+        self._prepare(frame)
+        rows, rng = self._split_rows(frame)
         data = {}
         for k in ("train", "val", "cal"):
             part = frame.iloc[rows[k]]
             seq, static = self._arrays(part)  # train first: it sets the standardisation
             data[k] = (seq, static, self._targets(part))
+        return self._fit_arrays(data, rng, calibration_groups(frame.iloc[rows["cal"]]))
+
+    def fit_partitioned(self, path: str | os.PathLike[str],
+                        runs: list[str] | None = None) -> SeqForecaster:
+        """:meth:`fit` on a features dataset partitioned by run (of ``runs`` only, when
+        given), streamed part by part: memory holds the model's inputs, never the features
+        frame (:mod:`.seq_data`); the same fit as ``fit`` on those runs' rows."""
+        from bubblecast.forecast.seq_data import stream_fit_data
+
+        data, rng, groups = stream_fit_data(self, path, runs)
+        return self._fit_arrays(data, rng, groups)
+
+    def _fit_arrays(self, data: dict[str, tuple[np.ndarray, ...]], rng: np.random.Generator,
+                    cal_groups: np.ndarray) -> SeqForecaster:
+        """Train on the ``train``/``val`` arrays, calibrate on ``cal``'s."""
+        import torch
+
         threads = torch.get_num_threads()
         deterministic = torch.are_deterministic_algorithms_enabled()
         torch.set_num_threads(max(1, self.n_jobs))
@@ -170,10 +207,9 @@ class SeqForecaster(Forecaster):
             torch.set_num_threads(threads)
             torch.use_deterministic_algorithms(deterministic)
         lo_hi = self._raw(data["cal"][0], data["cal"][1])
-        groups = calibration_groups(frame.iloc[rows["cal"]])
         cal = np.sort(lo_hi, axis=2)
         self.shifts_ = {h: grouped_shifts(cal[:, j, 0], cal[:, j, 2], data["cal"][2][:, j],
-                                          groups, self.coverage)
+                                          cal_groups, self.coverage)
                         for j, h in enumerate(self.horizons_)}
         self.calibration_ = "interval"
         return self

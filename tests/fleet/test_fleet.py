@@ -308,3 +308,21 @@ def test_features_with_a_bad_part_fail_naming_the_run_or_skip_it(fleet: Path,
     assert part_meta.runs == [r for r in meta.runs if r != "sim-3"]
     kept = whole.loc[whole["run_id"].astype(str) != "sim-3"].reset_index(drop=True)
     pd.testing.assert_frame_equal(_sorted(frame), _sorted(kept), check_categorical=False)
+
+
+def test_seq_streamed_from_parts_fits_as_from_the_frame(fleet: Path, tmp_path: Path) -> None:
+    from bubblecast.dataset.store import read_features
+    from bubblecast.forecast.seq import SeqForecaster
+
+    feat = tmp_path / "feat"
+    assert main(["dataset", str(fleet), *DATA, "--out", f"{feat}/"]) == 0
+    frame, _ = read_features(feat)
+    runs = ["sim-0", "sim-1", "sim-3", "sim-4"]
+    sub = frame.loc[frame["run_id"].astype(str).isin(runs)].reset_index(drop=True)
+    sub.attrs = dict(frame.attrs)
+    params = {"hidden": 8, "epochs": 2, "max_train_rows": 150, "seed": 1}
+    a = SeqForecaster(**params).fit(sub)
+    b = SeqForecaster(**params).fit_partitioned(feat, runs)
+    assert a.state() == b.state()
+    for h, p in a.predict_signal(frame, [1, 5]).items():
+        np.testing.assert_array_equal(p, b.predict_signal(frame, [1, 5])[h])
