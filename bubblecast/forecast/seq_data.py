@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from bubblecast.errors import BubblecastError
-
-if TYPE_CHECKING:
-    from bubblecast.forecast.seq import SeqForecaster
 
 
 def _read(part: Path, columns: list[str]) -> pd.DataFrame:
@@ -60,12 +57,13 @@ def _parts(path: str | os.PathLike[str], runs: list[str] | None) -> tuple[list[P
     return files, meta
 
 
-def stream_fit_data(model: SeqForecaster, path: str | os.PathLike[str],
+def stream_fit_data(model: Any, path: str | os.PathLike[str],
                     runs: list[str] | None = None
                     ) -> tuple[dict[str, tuple[np.ndarray, ...]], np.random.Generator,
                                np.ndarray]:
-    """``(data, rng, calibration groups)`` for :meth:`SeqForecaster._fit_arrays`: the arrays
-    ``fit`` would build on the frame of ``runs``' rows, read part by part."""
+    """``(data, rng, calibration groups)`` for ``SeqForecaster._fit_arrays`` (``model``, a
+    :class:`~bubblecast.forecast.seq.SeqForecaster`, not imported here: seq imports this):
+    the arrays ``fit`` would build on the frame of ``runs``' rows, read part by part."""
     import pyarrow.parquet as pq
 
     from bubblecast.forecast.base import ANCHORS
