@@ -61,7 +61,12 @@ below the noise.
   10 steps behind reactive at each step (bench_live: 7|5, 8|4, 9|3 at 132/162/192 against
   132/152/172); the guard's move budget, ``min_gain`` and the moves' payback test bound the
   moves instead (seeded noisy ramps: the same moves as with 2 on 5 of 6, one 10 steps
-  earlier on the sixth; never back and forth). A forecast-driven move needs ``confirm_decisions``
+  earlier on the sixth; never back and forth). The guard's ``persistence`` payback cut (a
+  move must pay back, the move back included, within the steps the slowdown has lasted so far)
+  is off live: on the plain ramp it held the first response back a decision period ("saving
+  0.057 s over 18 steps (rank 1 slow for 18 steps so far) does not pay back migration and
+  back": 142 against reactive's 132), while the relative forecaster already cancels the
+  shared machine's load bursts it guards against. A forecast-driven move needs ``confirm_decisions``
   consecutive decisions agreeing (the forecast guard's ``confirm``): 1 live, since each more
   costs a decision period (10 steps at ``every`` 10; 5, its offline default, would be 50,
   longer than a thermal lead) and the window medians and ``min_gain`` already stop one-off
@@ -80,7 +85,8 @@ from bubblecast.errors import BubblecastError
 
 #: Predictive-policy knobs of the live loop (explicit ``policy_params`` win).
 LIVE_POLICY_DEFAULTS: dict[str, Any] = {"min_gain": 0.05, "hold_decisions": 1,
-                                        "min_history": 30, "confirm_decisions": 1}
+                                        "min_history": 30, "confirm_decisions": 1,
+                                        "persistence": False}
 #: Steps whose median common level scales the relative forecast back to speeds.
 LEVEL_WINDOW = 10
 
@@ -161,9 +167,14 @@ def live_forecaster() -> RawHistoryForecaster:
 def predictive_params(params: dict[str, Any], every: int) -> dict[str, Any]:
     """``PredictivePolicy`` keyword arguments of the live loop: the defaults above (``hold``
     in steps: ``hold_decisions`` x ``every``), then ``params``."""
+    from bubblecast.policy.guard import GuardConfig
+
     d = LIVE_POLICY_DEFAULTS
+    guard: dict[str, Any] = {"confirm": d["confirm_decisions"]}
+    if "persistence" in GuardConfig.__dataclass_fields__:
+        guard["persistence"] = d["persistence"]
     out = {"min_gain": d["min_gain"], "hold": d["hold_decisions"] * every,
-           "min_history": d["min_history"], "guard": {"confirm": d["confirm_decisions"]}}
+           "min_history": d["min_history"], "guard": guard}
     out.update(params)
     return out
 
