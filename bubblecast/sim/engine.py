@@ -210,6 +210,41 @@ def simulate(graph: OpGraph, durations: np.ndarray, comm: float | np.ndarray = 0
     return start.T, end.T
 
 
+def simulate_rows(graph: OpGraph, op_major: np.ndarray, comm: float = 0.0,
+                  dur_rows: np.ndarray | None = None) -> np.ndarray:
+    """Start times as a C-ordered ``(batch, ops)`` array from op-major ``(ops, batch)``
+    durations: the events table's row order, filled block by block while each block is in
+    cache (no full-size ``end`` array, no full-size transposition afterwards). With
+    ``dur_rows`` (``(batch, ops)``, C-ordered) the durations are copied there row-major too.
+    Same times as :func:`simulate` (``simulate(graph, op_major.T, comm)[0]``)."""
+    op_major = np.asarray(op_major, dtype=np.float64)
+    n, batch = op_major.shape
+    if n != graph.n_ops:
+        raise ValueError(f"durations have {n} ops, the graph {graph.n_ops}")
+    comm_row = np.full(batch, float(comm))
+    if op_major.size and (op_major.min() < 0 or float(comm) < 0):
+        raise ValueError("durations and comm must be >= 0")
+    plan = graph.plan()
+    out = np.empty((batch, n))
+    block = max(16, BLOCK_CELLS // max(n, 1))
+    pad = block + 8  # row stride off a power of two: the tiled transpositions stay in cache
+    zero = np.zeros(block)
+    for lo in range(0, batch, block):
+        hi = min(batch, lo + block)
+        w = hi - lo
+        dur = np.take(op_major[:, lo:hi], plan.order, axis=0, mode="clip",
+                      out=_buffer("dur", (n, w)))
+        start = _buffer("rows_start", (n, pad))[:, :w]
+        end = _buffer("rows_end", (n, pad))[:, :w]
+        _run_block(plan, dur, comm_row[lo:hi], zero[:w], start, end)
+        for t in range(0, w, TRANSPOSE_TILE):
+            u = min(w, t + TRANSPOSE_TILE)
+            np.copyto(out[lo + t:lo + u], start[:, t:u].T)
+            if dur_rows is not None:
+                np.copyto(dur_rows[lo + t:lo + u], op_major[:, lo + t:lo + u].T)
+    return out
+
+
 #: Rows per tile when transposing a C-ordered ``(rows, ops)`` block: a whole-array
 #: ``copyto(dst, src.T)`` walks the source with a stride of ``ops`` x 8 bytes, which thrashes
 #: the cache when that is a power of two (512 ops: 6x slower than tiled, measured).

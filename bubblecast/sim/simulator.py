@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from bubblecast.errors import BubblecastError
-from bubblecast.sim.engine import simulate
+from bubblecast.sim.engine import simulate_rows
 from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
 from bubblecast.sim.schedules import ScheduleGraph, check_schedule
 from bubblecast.sim.shape import PipelineShape
@@ -127,14 +127,29 @@ class SimConfig:
         return replace(proto, seed=seed)
 
 
-def _noise(seed: int, k: int, sigma: float, shape: tuple[int, ...]) -> np.ndarray | None:
+#: Noise cells drawn at a time: a block of steps stays in cache while it multiplies the
+#: durations, and no full-size noise array is allocated (the values are the same: the
+#: generator's stream does not depend on how it is split).
+NOISE_CELLS = 1 << 18
+
+
+def _apply_noise(seed: int, k: int, sigma: float, out: np.ndarray) -> None:
+    """Multiply op-major ``out`` ``(ops, steps, replicas)`` by lognormal noise (mean 1),
+    drawn in ``(steps, replicas, ops)`` order, as always: the same values."""
     if sigma <= 0:
-        return None
+        return
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), k, 1]))
-    out = rng.standard_normal(shape)
-    out *= sigma
-    out -= sigma * sigma / 2
-    return np.exp(out, out=out)
+    n, steps, replicas = out.shape
+    chunk = max(1, NOISE_CELLS // max(1, replicas * n))
+    for lo in range(0, steps, chunk):
+        hi = min(steps, lo + chunk)
+        noise = rng.standard_normal((hi - lo, replicas, n))
+        noise *= sigma
+        noise -= sigma * sigma / 2
+        np.exp(noise, out=noise)
+        for a in range(0, n, 64):  # 64 ops at a time: the transposed reads of a
+            part = noise[:, :, a:a + 64]  # power-of-two stride would thrash the cache
+            out[a:a + 64, lo:hi] *= part.transpose(2, 0, 1)
 
 
 def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np.ndarray,
@@ -154,11 +169,7 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
     np.multiply(base.T[:, :, None], speed[sg.stage], out=out)  # rows of `speed` per op: cheap
     if draw.work is not None:
         out *= np.ascontiguousarray(draw.work.transpose(2, 0, 1))[sg.microbatch]
-    noise = _noise(config.base_seed, k, draw.noise_sigma, (steps, replicas, sg.graph.n_ops))
-    if noise is not None:  # drawn in (steps, replicas, ops) order, as always: same values
-        for lo in range(0, out.shape[0], 64):  # 64 ops at a time: the transposed reads of a
-            part = noise[:, :, lo:lo + 64]  # power-of-two stride would thrash the cache
-            out[lo:lo + 64] *= part.transpose(2, 0, 1)
+    _apply_noise(config.base_seed, k, draw.noise_sigma, out)
     return (scenario, draw), workload
 
 
@@ -195,30 +206,38 @@ def simulate_events(config: SimConfig) -> Events:
         _record_placement(metas[run_id], sg)
     dur_s = dur.reshape(n, -1)
     dur_s /= 1000.0
-    start, _ = simulate(sg.graph, dur_s.T, config.comm / 1000.0)
-    # Rows in (run, step, replica, op) order.
+    # Rows in (run, step, replica, op) order; the engine fills start times and the row-major
+    # durations block by block (no full-size transposition, no unused end times).
     rows_per_run = steps * replicas * n
     total = runs * rows_per_run
-    step = np.tile(np.repeat(np.arange(steps, dtype=np.int64), replicas * n), runs)
-    replica = np.tile(np.repeat(np.arange(replicas, dtype=np.int32), n), runs * steps)
-    stage = np.tile(sg.stage.astype(np.int32), runs * steps * replicas)
-    mb = np.tile(sg.microbatch.astype(np.int32), runs * steps * replicas)
-    kind = np.tile(sg.kind, runs * steps * replicas)
-    rank = replica * p + stage
+    dur_rows = np.empty((runs * steps * replicas, n))
+    start = simulate_rows(sg.graph, dur_s, config.comm / 1000.0, dur_rows)
+    del dur, dur_s
+
+    def tiled(row: np.ndarray, dtype: type) -> np.ndarray:
+        """``row`` (one value per op, or ``(replicas, ops)``) repeated for every row."""
+        row = np.asarray(row, dtype=dtype).reshape(-1)
+        return np.broadcast_to(row, (total // row.size, row.size)).reshape(total)
+
+    replica_op = np.repeat(np.arange(replicas, dtype=np.int32), n)
+    stage = tiled(sg.stage, np.int32)
     layers_rank = np.zeros((steps, p), dtype=np.int32)  # (steps, P): each rank's chunks
     np.add.at(layers_rank.T, sg.rank_of_vstage, parts.T)
-    run_codes = np.repeat(np.arange(runs), rows_per_run)
+    code_type = np.int8 if runs < 128 else np.int32
     frame = pd.DataFrame({
-        "run_id": pd.Categorical.from_codes(run_codes, categories=list(metas)),
-        "step": step,
-        "rank": rank,
+        "run_id": pd.Categorical.from_codes(
+            np.broadcast_to(np.arange(runs, dtype=code_type)[:, None], (runs, rows_per_run))
+            .reshape(total), categories=list(metas)),
+        "step": np.broadcast_to(np.arange(steps, dtype=np.int64)[None, :, None],
+                                (runs, steps, replicas * n)).reshape(total),
+        "rank": tiled(replica_op * p + np.tile(sg.stage, replicas), np.int32),
         "stage": stage,
-        "replica": replica,
-        "chunk": np.tile(sg.chunk.astype(np.int32), runs * steps * replicas),
-        "microbatch": mb,
-        "op": pd.Categorical.from_codes(kind, categories=list(OPS)),
-        "start_s": np.ascontiguousarray(start).reshape(total),
-        "duration_s": np.ascontiguousarray(dur_s.T).reshape(total),
+        "replica": tiled(replica_op, np.int32),
+        "chunk": tiled(sg.chunk, np.int32),
+        "microbatch": tiled(sg.microbatch, np.int32),
+        "op": pd.Categorical.from_codes(tiled(sg.kind, np.int8), categories=list(OPS)),
+        "start_s": start.reshape(total),
+        "duration_s": dur_rows.reshape(total),
         # (runs, steps, replicas, ops) by broadcasting: no per-row multi-array indexing
         "layers": np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n))
         .reshape(total),

@@ -18,6 +18,10 @@ writing events is most of what ``simulate`` spends its time on (measured with
   nothing and took 10% of the write; every other column keeps them.
 - **Row groups** of 1Mi rows (pyarrow's default, stated so it cannot drift): big enough for
   run-length encoding, small enough that a reader can read row groups in parallel.
+- **Write batches of 64Ki rows** (``write_batch_size``; pyarrow's default is 1024): the
+  writer's per-batch work (statistics of the dictionary columns, page-size checks) ran 10k
+  times per 10M rows; at 64Ki it cost 0.49 instead of 0.58 s of CPU for 10.24M simulated
+  events, the same bytes (pages may run up to one batch past the 1 MiB page size).
 - **Page checksums** (CRC32) are written and verified on read, so a corrupted page is an
   error naming the file, never silently different numbers (issue 16); they cost about 2%.
 """
@@ -60,6 +64,8 @@ from bubblecast.telemetry.validate import (
 #: Float columns with about one distinct value per row: no codec (see module doc).
 PLAIN_COLUMNS: tuple[str, ...] = ("start_s", "duration_s", "wait_s")
 ROW_GROUP_ROWS = 1 << 20
+#: Rows the Parquet writer encodes per batch (pyarrow's default is 1024; see module doc).
+WRITE_BATCH_ROWS = 1 << 16
 _IMPORTED = time.time()
 #: ``tempfile.mkstemp``'s random part: 8 characters of this set.
 _TMP_RANDOM = "[a-z0-9_]{8}"
@@ -325,6 +331,7 @@ def parquet_options(table: pa.Table) -> dict[str, Any]:
         "compression": {c: "none" if c in PLAIN_COLUMNS else "lz4" for c in names},
         "write_statistics": [c for c in names if c != "op"],
         "row_group_size": ROW_GROUP_ROWS,
+        "write_batch_size": WRITE_BATCH_ROWS,
         "write_page_checksum": True,
     }
 
