@@ -6,7 +6,8 @@ each round (:func:`block_order`: A B, B A, B A, A B, ... so that a linear drift 
 machine hits every arm alike), the timed rounds on each rank (:func:`timed_rounds`: barriers
 around every block, wall and process CPU time per step), and the statistics
 (:func:`paired_summary`: per-round ratios against the bare arm, their median with a
-distribution-free order-statistic 95% interval, and the ratio of the totals).
+distribution-free order-statistic 95% interval, and the ratio of the totals with a
+bootstrap interval).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -60,22 +62,30 @@ def timed_rounds(arms: dict[str, Arm], step: Callable[[], None], rounds: int, bl
                  barrier: Callable[[], None]) -> dict[str, dict[str, list[float]]]:
     """Run ``rounds`` rounds of one ``block``-step block per arm (:func:`block_order`), with
     ``barrier()`` before and after each; per arm, ``wall`` and ``cpu`` seconds per step of
-    each round (``cpu``: this process's CPU time, its other threads included)."""
+    each round (``cpu``: this process's CPU time, its other threads included) and ``faults``
+    (minor page faults per step: memory-layout effects show there)."""
+    import resource
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     names = list(arms)
-    out: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in names}
+    out: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": [], "faults": []}
+                                              for n in names}
     for r in range(rounds):
         for name in block_order(r, names):
             enter, leave = arms[name]
             barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
+            f0, t0, c0 = faults(), time.perf_counter(), time.process_time()
             enter()
             for _ in range(block):
                 step()
             leave()
-            c1 = time.process_time()
+            c1, f1 = time.process_time(), faults()
             barrier()
             out[name]["wall"].append((time.perf_counter() - t0) / block)
             out[name]["cpu"].append((c1 - c0) / block)
+            out[name]["faults"].append((f1 - f0) / block)
     return out
 
 
@@ -94,11 +104,28 @@ def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     return xs[k - 1], xs[n - k]
 
 
+def total_ci(arm: list[float], bare: list[float], n: int = 2000,
+             seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of ``sum(arm) / sum(bare) - 1``, rounds resampled
+    as pairs."""
+    rng = random.Random(seed)
+    idx = range(len(arm))
+    stats = []
+    for _ in range(n):
+        pick = rng.choices(idx, k=len(arm))
+        stats.append(sum(arm[i] for i in pick) / sum(bare[i] for i in pick) - 1.0)
+    stats.sort()
+    return stats[int(0.025 * n)], stats[int(0.975 * n) - 1]
+
+
 def paired_summary(arm: list[float], bare: list[float]) -> dict[str, Any]:
-    """Per-round overhead ``arm/bare - 1`` (%): median, its 95% interval, the ratio of the
-    totals (charges rare costly rounds, such as a part write, in full), every round."""
+    """Per-round overhead ``arm/bare - 1`` (%): median and its 95% interval; the ratio of the
+    totals and its bootstrap interval (charges rare costly rounds, such as the ones that
+    write a part, in full); every round."""
     ratios = [a / b - 1.0 for a, b in zip(arm, bare, strict=True)]
     lo, hi = median_ci(ratios)
+    tlo, thi = total_ci(arm, bare)
     return {"median_pct": 100 * statistics.median(ratios), "ci95_pct": [100 * lo, 100 * hi],
             "total_pct": 100 * (sum(arm) / sum(bare) - 1.0),
+            "total_ci95_pct": [100 * tlo, 100 * thi],
             "rounds_pct": [100 * r for r in ratios]}

@@ -17,15 +17,17 @@ BA, AB, ...; barriers around each block; the first ``--warmup`` rounds dropped):
   part every 50 steps, per-layer costs and device metrics every 10, clock offsets every 100;
 - ``control`` (``--control``): a second bare arm (A/A: the method's own noise).
 
-Blocks of ~100 steps last about as long as ``min_part_s`` (at ~50 ms per step), so a
-``record`` block writes about one part, as a run recorded throughout does per 5 s.
+Blocks are short (10 steps, ~0.35 s), so that load from other processes, which comes and
+goes over seconds on a shared machine, hits both arms of a round alike. The overhead of an
+arm is the median over rounds of its per-round ratio to ``bare`` (- 1), in wall time per step
+and in process CPU per step (both ranks summed, writer thread included), with a
+distribution-free 95% interval of that median (order statistics): the cost of a typical
+round, the per-op and per-step work. A part (at most one per 5 s) lands in about one
+``record`` block in 15, so the median leaves it out; the ratio of the totals, with a
+bootstrap interval over rounds, charges it in full (parts land about twice as densely as
+in a run recorded throughout, since the 5 s run on while the arm is detached).
 
-The overhead of an arm is the median over rounds of its per-round ratio to ``bare`` (- 1), in
-wall time per step and in process CPU per step (both ranks summed, writer thread included),
-with a distribution-free 95% interval of that median (order statistics), and the ratio of
-the totals, which charges the rounds that write a part in full.
-
-    python benchmarks/bench_record.py [--rounds 20] [--block 100] [--frequent] [--control]
+    python benchmarks/bench_record.py [--rounds 300] [--block 10] [--frequent] [--control]
 
 Prints a table and writes benchmarks/results/record.json.
 """
@@ -134,11 +136,16 @@ def summarize(res: dict[str, Any], arms: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"params": res["params"],
                            "step_ms_bare": 1e3 * statistics.median(wall["bare"]),
                            "cpu_ms_per_step_bare": 1e3 * statistics.median(cpu["bare"]),
+                           "faults_per_step_bare": [statistics.median(r["times"]["bare"]
+                                                                      ["faults"])
+                                                    for r in ranks],
                            "arms": {}}
     for a in arms:
         if a == "bare":
             continue
         row: dict[str, Any] = {"step_ms": 1e3 * statistics.median(wall[a]),
+                               "faults_per_step": [statistics.median(r["times"][a]["faults"])
+                                                   for r in ranks],
                                "wall": paired_summary(wall[a], wall["bare"]),
                                "cpu": paired_summary(cpu[a], cpu["bare"])}
         if a in SETTINGS:
@@ -157,28 +164,30 @@ def report(summary: dict[str, Any], rounds: int, block: int) -> None:
     print(f"model: {summary['params'] / 1e6:.1f}M parameters; bare step "
           f"{summary['step_ms_bare']:.1f} ms wall, {summary['cpu_ms_per_step_bare']:.1f} ms CPU"
           f" (both ranks); {rounds} rounds x {block} steps per arm")
-    print(f"{'arm':>9} {'wall % (95% CI)':>24} {'total':>7} {'CPU % (95% CI)':>24} "
-          f"{'total':>7} {'parts':>6} {'ms/part':>8}")
+    print(f"{'arm':>9} {'median wall % (95% CI)':>24} {'median CPU % (95% CI)':>24} "
+          f"{'total wall % (95% CI)':>24} {'total CPU % (95% CI)':>24} {'parts':>5} "
+          f"{'ms/part':>7}")
     for name, row in summary["arms"].items():
         cells = []
-        for key in ("wall", "cpu"):
+        for key, stat, ci in (("wall", "median_pct", "ci95_pct"), ("cpu", "median_pct",
+                              "ci95_pct"), ("wall", "total_pct", "total_ci95_pct"),
+                              ("cpu", "total_pct", "total_ci95_pct")):
             s = row[key]
-            lo, hi = s["ci95_pct"]
-            cells.append(f"{s['median_pct']:+6.2f} ({lo:+.2f}..{hi:+.2f})".rjust(24)
-                         + f" {s['total_pct']:+6.2f}%")
+            lo, hi = s[ci]
+            cells.append(f"{s[stat]:+6.2f} ({lo:+.2f}..{hi:+.2f})".rjust(24))
         parts = row.get("parts_per_rank", ["-"])[0]
         per = row.get("part_cpu_ms_median")
-        print(f"{name:>9} {cells[0]} {cells[1]} {parts!s:>6} "
-              f"{'-' if per is None else f'{per:.1f}':>8}")
+        print(f"{name:>9} {' '.join(cells)} {parts!s:>5} "
+              f"{'-' if per is None else f'{per:.1f}':>7}")
 
 
 def main() -> None:
     from _results import run_header, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=20, help="rounds counted (default 20)")
-    ap.add_argument("--warmup", type=int, default=2, help="rounds run first and dropped")
-    ap.add_argument("--block", type=int, default=100, help="steps per arm per round")
+    ap.add_argument("--rounds", type=int, default=300, help="rounds counted (default 300)")
+    ap.add_argument("--warmup", type=int, default=10, help="rounds run first and dropped")
+    ap.add_argument("--block", type=int, default=10, help="steps per arm per round")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--frequent", action="store_true",
                     help="add the trainer's settings (a part every 50 steps, cost sampling)")
