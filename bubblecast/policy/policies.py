@@ -31,17 +31,16 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
-from bubblecast.policy.guard import ForecastGuard, GuardConfig, MoveBudget
-from bubblecast.policy.solver import (
-    Partition,
-    SolverTables,
-    candidates,
-    min_bottleneck,
-    solve,
-    stage_work,
+from bubblecast.policy.guard import (
+    ForecastGuard,
+    GuardConfig,
+    MoveBudget,
+    observed_plan,
+    payback_plan,
 )
+from bubblecast.policy.solver import Partition, SolverTables, candidates, min_bottleneck, solve
 from bubblecast.policy.state import PolicyState, RunContext, horizon_grid, planning_speed
-from bubblecast.sim.steptime import predicted_step
+from bubblecast.policy.viterbi import viterbi
 
 
 class Policy:
@@ -77,7 +76,7 @@ def _repartition(state: PolicyState, new: Partition, speed: np.ndarray, reason: 
                  ) -> Decision:
     """A repartition to ``new`` with engine-scored step times at per-rank ``speed``."""
     cur = tuple(state.partition)
-    step, _ = predicted_step(state.pipeline, [cur, new], state.costs, speed[None, :])
+    step, _ = state.predicted_step([cur, new], speed[None, :])
     return Decision(Repartition(new), float(step[0, 0]), float(step[1, 0]),
                     state.migration.seconds(cur, new), reason)
 
@@ -111,14 +110,14 @@ class ReactivePolicy(Policy):
             return Decision.keep("cooldown after the last move")
         speed = state.history[-self.window:].mean(axis=0)
         vs = state.vspeed(speed)
-        times = vs * stage_work(state.partition, state.costs.sum(axis=1))
+        times = vs * state.stage_load(state.partition)
         imbalance = times.max() / times.mean() - 1.0
         if imbalance <= self.threshold:
             return Decision.keep(f"imbalance {imbalance:.3f} within threshold")
         new = _checked_solve(state, speed)
         if isinstance(new, Decision):
             return new
-        after = float(np.max(vs * stage_work(new, state.costs.sum(axis=1))))
+        after = float(np.max(vs * state.stage_load(new)))
         if new == tuple(state.partition) or after > times.max() * (1.0 - self.min_gain):
             return Decision.keep("rebalancing would not cut the bottleneck enough")
         return _repartition(state, new, speed, f"observed imbalance {imbalance:.3f} over the "
@@ -163,8 +162,10 @@ class PredictivePolicy(Policy):
         self.guard = GuardConfig.coerce(self.guard)
         self.guard_ = ForecastGuard(self.guard)
         self.budget_ = MoveBudget(self.guard.max_moves, self.guard.per_steps)
+        self.steps_: int | None = None  # the run's length when reset() was told it
 
     def reset(self, context: RunContext, state: PolicyState) -> None:
+        self.steps_ = int(context.steps)
         self.guard_.reset()
         self.budget_.reset()
         self.fallback.reset(context, state)
@@ -197,9 +198,12 @@ class PredictivePolicy(Policy):
             g.interrupt()
             return Decision.keep("holding after the last move (hysteresis)")
         if status.trusted:
-            decision = g.confirmed(
-                self._forecast_decision(state, planning_speed(quantiles, self.risk)),
-                tuple(state.partition))
+            decision = self._forecast_decision(state, planning_speed(quantiles, self.risk))
+            naive = observed_plan(self.guard, state.history, len(self._hz)) \
+                if decision.acts else None  # the move seen in the speeds: no confirmation
+            seen = naive is not None and self._forecast_decision(state, naive).action == \
+                decision.action
+            decision = g.confirmed(decision, tuple(state.partition), seen)
         else:
             g.fallback_decisions += 1
             g.interrupt()
@@ -227,8 +231,8 @@ class PredictivePolicy(Policy):
         recent = state.history[-min(len(state.history), 10):].mean(axis=0)
         plan = np.repeat(recent[None, :], len(self._hz), axis=0)
         options = [tuple(state.partition), tuple(action.partition)]
-        step, _ = predicted_step(state.pipeline, options, state.costs, plan)
-        judged = self._judge(state, options, step, plan)
+        step, _ = state.predicted_step(options, plan)
+        judged = self._judge(state, options, step, plan, persistence=False)
         if not judged.acts:
             return replace(judged, reason=f"{label}: {inner.reason}, but {judged.reason}")
         return replace(judged, reason=f"{label} ({inner.reason})")
@@ -237,9 +241,8 @@ class PredictivePolicy(Policy):
         """The forecast-driven decision on the ``(H, P)`` planning speeds."""
         mean_speed = (plan * self._weight[:, None]).sum(axis=0) / self._weight.sum()
         current = tuple(state.partition)
-        total = state.costs.sum(axis=1)
         vs = state.vspeed(mean_speed)
-        now = float(np.max(vs * stage_work(current, total)))
+        now = float(np.max(vs * state.stage_load(current)))
         try:
             prob = state.problem(mean_speed)
             tables = SolverTables(prob)
@@ -249,32 +252,40 @@ class PredictivePolicy(Policy):
         if opt > now * (1.0 - self.min_gain):  # cheap screen before the engine
             return Decision.keep("forecast shows no imbalance worth a move")
         found = candidates(prob, current=current, move_bytes=state.move_bytes,
-                           tables=tables, bottleneck=opt)
+                           tables=tables, bottleneck=opt, neighbours=state.neighbours)
         options = [current] + [p for p in found if p != current]
-        step, _ = predicted_step(state.pipeline, options, state.costs, plan)  # (K, H)
+        step, _ = state.predicted_step(options, plan)  # (K, H)
         return self._judge(state, options, step, plan)
 
     def _judge(self, state: PolicyState, options: list[Partition], step: np.ndarray,
-               plan: np.ndarray) -> Decision:
-        """Move to the predicted-fastest option only if it pays back its migration."""
-        total_time = step @ self._weight  # predicted seconds over the horizon
-        best = int(np.argmin(total_time))
+               plan: np.ndarray, persistence: bool = True) -> Decision:
+        """Move to the predicted-fastest option only if it pays back its migration (and the
+        move back, for a slowdown) within the payback horizon (:func:`payback_plan`)."""
+        left = None if self.steps_ is None else self.steps_ - 1 - int(state.t)
+        weight, back, capped = payback_plan(self.guard, state.history, plan, self._hz,
+                                            self._weight, left, persistence)
         # Reported numbers come from the chosen rows alone: a matmul over K candidate rows can
         # differ in the last bit from the same row scored alone (what the service reported).
         now = float((step[:1] @ self._weight / self._weight.sum())[0])
         keep = {"predicted_step_s": now, "predicted_step_with_action_s": now, "migration_s": 0.0}
+        if weight.sum() <= 0:
+            return Decision.keep(f"no step to pay a move back in ({capped})", **keep)
+        total_time = step @ weight  # predicted seconds over the payback horizon
+        best = int(np.argmin(total_time))
         if best == 0:
             return Decision.keep("current partition is predicted fastest", **keep)
         current, target = options[0], options[best]
         saving = float(total_time[0] - total_time[best])
         cost = state.migration.seconds(current, target)
-        per_step = saving / self._weight.sum() / max(float(step[0].mean()), 1e-12)
+        pay = (1.0 + self.margin) * cost + (state.migration.seconds(target, current) if back else 0)
+        per_step = saving / weight.sum() / max(float(step[0].mean()), 1e-12)
         if per_step < self.min_gain:
             return Decision.keep(f"predicted gain {per_step:.4f}/step below {self.min_gain}",
                                  **keep)
-        if saving <= (1.0 + self.margin) * cost:
-            return Decision.keep(f"saving {saving:.4g} s does not pay back migration "
-                                 f"{cost:.4g} s", **keep)
+        if saving <= pay:
+            over = f" over {weight.sum():.0f} steps ({capped})" if capped else ""
+            return Decision.keep(f"saving {saving:.4g} s{over} does not pay back migration "
+                                 f"{cost:.4g} s{' and back' if back else ''}", **keep)
         mean = step[[0, best]] @ self._weight / self._weight.sum()
         rank_plan = plan.mean(axis=0)
         slow = int(np.argmax(rank_plan))
@@ -343,7 +354,7 @@ class OraclePolicy(Policy):
                                move_bytes=state.move_bytes)
         except BubblecastError:
             return None
-        step, _ = predicted_step(state.pipeline, found, state.costs, speed)
+        step, _ = state.predicted_step(found, speed)
         return found[int(np.argmin(step[:, 0]))]
 
     def decide(self, state: PolicyState) -> Decision:
@@ -363,26 +374,6 @@ class OraclePolicy(Policy):
     def _true_time(self, k: int | None, t: int) -> float | None:
         """The realised step time of candidate ``k`` at step ``t`` (None when unknown)."""
         return None if k is None else float(self.times_[k, t])
-
-
-def viterbi(times: np.ndarray, migration: np.ndarray, start: int = 0) -> list[int]:
-    """Least-total-time path over states: ``times`` is ``(K, T)`` step time of each state at
-    each step; switching ``a -> b`` before step ``t`` adds ``migration[a, b]`` to step ``t``.
-    Step 0 runs in state ``start``. Returns the state of every step."""
-    k, T = times.shape
-    total = np.full(k, np.inf)
-    total[start] = times[start, 0]
-    back = np.zeros((T, k), dtype=np.int64)
-    back[0] = start
-    for t in range(1, T):
-        via = total[:, None] + migration  # (from, to)
-        frm = np.argmin(via, axis=0)
-        total = via[frm, np.arange(k)] + times[:, t]
-        back[t] = frm
-    path = [int(np.argmin(total))]
-    for t in range(T - 1, 0, -1):
-        path.append(int(back[t, path[-1]]))
-    return path[::-1]
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
