@@ -164,3 +164,49 @@ def test_a_fresh_policy_backtests_a_served_model_on_the_window_itself():
         assert policy.guard_.last.scored >= GuardConfig().min_scored
         assert policy.guard_.trusted is (not wrong)
         assert ("forecast guard" in decision.reason) is wrong
+
+
+def test_payback_plan_stops_at_the_run_end_and_at_the_slowdown_age():
+    from bubblecast.policy.guard import payback_plan, slowdown_age
+    from bubblecast.policy.state import horizon_grid
+
+    hz, weight = horizon_grid(256)
+    hist = np.ones((50, 4))
+    hist[-7:, 1] = 1.8  # rank 1 slow for the last 7 steps
+    assert slowdown_age(hist, 1, 1.02) == 7
+    assert slowdown_age(hist, 0, 1.02) == 0
+    plan = np.ones((len(hz), 4))
+    plan[:, 1] = 1.8
+    cfg = GuardConfig()
+    w, back, note = payback_plan(cfg, hist, plan, hz, weight, None)
+    assert w.sum() == 7 and back and "7 steps" in note  # the median remaining life: its age
+    w, back, _ = payback_plan(cfg, hist, plan, hz, weight, 3)
+    assert w.sum() == 3  # never past the run's end
+    w, back, _ = payback_plan(cfg, hist, plan, hz, weight, None, persistence=False)
+    assert w.sum() == 256 and not back  # the reactive fallback: the whole horizon
+    w, back, _ = payback_plan(cfg, hist, np.ones((len(hz), 4)), hz, weight, 100)
+    assert w.sum() == 100 and not back  # no slowdown to answer: no move back counted
+
+
+def test_a_short_expensive_failslow_costs_nothing():
+    """A 13-step fail-slow with 2.9 s migrations in a 400-step run (bench_policy's held-out
+    failslow-1): moving in and back cost the trend forecaster 1.3% before the payback rules;
+    now it does not move. (A wrong model's reactive fallback still moves there and loses
+    2.4%, as reactive itself loses 4%: the persistence rule is not applied to the fallback,
+    where it made cheap-migration short events late; not solved.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_policy as bp
+
+    ev = simulate_events(SimConfig(schedule="1f1b", stages=bp.STAGES, microbatches=bp.MICROBATCHES,
+                                   model=bp.workload(), comm=bp.COMM_MS, steps=400,
+                                   scenario="failslow", seed=90000, runs=2, run_id="failslow"))
+    run = load_run(ev, "failslow-1")
+    migration, _ = migration_model(run, EvalConfig(migration=bp.MIGRATION))
+    report, _ = evaluate_run(run, ["static"], EvalConfig(migration=bp.MIGRATION))
+    base = report["policies"]["static"]["step_s"]
+    trace = run_policy(run, PredictivePolicy(forecaster=TrendForecaster()), migration)
+    assert trace.step_s.mean() <= base * 1.005
+    assert not trace.decisions
