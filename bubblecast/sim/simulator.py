@@ -163,10 +163,19 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
         per_stage = stage_costs(workload, np.array([[workload.n_layers]]))[0, 0] / p
         workload = workload.with_extra_last(tuple(draw.last_stage_extra * per_stage))
     costs = stage_costs(workload, parts)  # (steps, S, 3)
-    base = costs[:, sg.virtual_stage, sg.kind]  # (steps, ops)
-    base += costs[:, sg.virtual_stage, 2] * sg.fused  # a backward without a W op carries W
+    # Per (virtual stage, kind) rows over the steps, kind 3 = B + W (a backward without a W
+    # op carries W): one gather builds the op-major base costs, no full-size temporaries.
+    table = np.empty((costs.shape[1], 4, steps))
+    table[:, :3] = costs.transpose(1, 2, 0)
+    table[:, 3] = table[:, 1] + table[:, 2]
+    base = table[sg.virtual_stage, np.where(sg.fused, 3, sg.kind)]  # (ops, steps)
     speed = np.ascontiguousarray(draw.speed.reshape(steps, replicas, p).transpose(2, 0, 1))
-    np.multiply(base.T[:, :, None], speed[sg.stage], out=out)  # rows of `speed` per op: cheap
+    bounds = np.flatnonzero(np.diff(sg.stage)) + 1
+    if (np.diff(sg.stage) >= 0).all():  # lane order: each rank's ops are one slice
+        for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(sg.stage)], strict=True):
+            np.multiply(base[a:b, :, None], speed[sg.stage[a]][None], out=out[a:b])
+    else:
+        np.multiply(base[:, :, None], speed[sg.stage], out=out)
     if draw.work is not None:
         out *= np.ascontiguousarray(draw.work.transpose(2, 0, 1))[sg.microbatch]
     _apply_noise(config.base_seed, k, draw.noise_sigma, out)
