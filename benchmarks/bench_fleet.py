@@ -63,14 +63,12 @@ def worker_usage(client: object) -> list[tuple[float, float]]:
 
 def _dataset_rounds(tmp: Path, a: argparse.Namespace, result: dict) -> None:
     """``--repeat`` rounds of dataset in process, then on the cluster (joined over tcp)."""
-    import logging
+    from distributed import Client
 
-    from distributed import Client, LocalCluster
+    from bubblecast.telemetry.cluster import local_cluster
 
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cl, \
-            Client(cl) as client:
+    with local_cluster(a.workers) as cl, Client(cl) as client:  # as `--cluster local:N`
         result["cluster_start_s"] = round(time.perf_counter() - t0, 1)
         rounds = []
         for _ in range(a.repeat):

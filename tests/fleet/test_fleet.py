@@ -6,7 +6,6 @@ its own, the same code after start-up)."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -31,9 +30,10 @@ def cluster() -> str:
     import dask
 
     # one retry after a worker dies running a task (Dask's default is 3): keeps the test short
+    from bubblecast.telemetry.cluster import local_cluster
+
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        cl = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                      dashboard_address=":0", silence_logs=logging.ERROR)
+        cl = local_cluster(2)
     with cl:
         yield cl.scheduler_address
 
