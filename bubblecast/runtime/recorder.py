@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any
 from bubblecast.runtime import clock as clocks
 from bubblecast.runtime.inject import Injection, multiplier
 from bubblecast.runtime.parts import OPS as _OPS
-from bubblecast.runtime.parts import PartWriter, StepView, event_columns, merge_parts
+from bubblecast.runtime.parts import (
+    PartWriter,
+    StepView,
+    event_arrays,
+    event_columns,
+    merge_parts,
+)
 from bubblecast.runtime.sampler import MetricLog
 from bubblecast.telemetry.schema import RunMeta
 
@@ -117,7 +123,7 @@ class Recorder:
         self._sampling_chunk: int | None = None
         self._writer: PartWriter | None = None
         if self.record and self.events_dir is not None:
-            self._writer = PartWriter(self.events_dir, rank, run_id, self._columns)
+            self._writer = PartWriter(self.events_dir, rank, run_id, self._arrays)
 
     @property
     def active(self) -> bool:
@@ -336,6 +342,12 @@ class Recorder:
         return event_columns(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
                              replica=self.replica, host=self.host, device=self.device,
                              offset=self._offset + shift)
+
+    def _arrays(self, rows: list[tuple]) -> Any:
+        shift = clocks.offsets_by_step(tuple(self._segments), rows)  # read by the writer thread
+        return event_arrays(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
+                            replica=self.replica, host=self.host, device=self.device,
+                            offset=self._offset + shift)
 
     def frame(self) -> Any:
         """Rows kept in memory (``events_dir`` None) plus unflushed rows, as a DataFrame."""
