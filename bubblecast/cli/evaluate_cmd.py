@@ -8,7 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
-from bubblecast.cli.fleet_options import cluster_option
+from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option, skipped_into
 
 
 @app.command()
@@ -25,17 +25,23 @@ def evaluate(
                                      help="Write forecast-vs-actual PNGs into this directory."),
     seed: int = typer.Option(0, "--seed", help="Seed of the baselines' cross-fitting."),
     cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = typer.Option(
+        False, "--skip-bad-runs", help=skip_bad_runs_option().help
+        + " Of a features dataset partitioned by run; not with --cluster (exit 2)."),
 ) -> None:
     """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines."""
     from bubblecast.cli.dataset_cmd import progress_notes
     from bubblecast.forecast.evaluation_run import run_evaluation
+    from bubblecast.telemetry.cluster import note_skipped
 
     with progress_notes(not json_out) as note:
         result = run_evaluation(features, model, seed=seed, track=not no_track,
                                 tracking_uri=tracking_uri, plot_dir=plot, progress=note,
-                                cluster=cluster)
+                                cluster=cluster, skip_bad=skip_bad_runs)
+    skipped = getattr(result, "skipped_runs", None)
+    note_skipped(skipped or [])
     if json_out:
-        summary = result.summary()
+        summary = skipped_into(result.summary(), skipped)
         if getattr(result, "covariates", None) is not None:
             summary["covariates"] = result.covariates  # type: ignore[attr-defined]
         emit_json(summary)

@@ -8,7 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
-from bubblecast.cli.fleet_options import cluster_option
+from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option
 
 
 @app.command()
@@ -34,6 +34,9 @@ def train(
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs (seq only)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     cluster: str | None = cluster_option(),
+    skip_bad_runs: bool = typer.Option(
+        False, "--skip-bad-runs", help=skip_bad_runs_option().help
+        + " Of a features dataset partitioned by run; not with --cluster (exit 2)."),
 ) -> None:
     """Train a forecaster on a features file; report metrics on held-out runs."""
     import tempfile
@@ -41,6 +44,7 @@ def train(
     from bubblecast.cli.dataset_cmd import progress_notes
     from bubblecast.errors import BubblecastError
     from bubblecast.forecast.training import train_model
+    from bubblecast.telemetry.cluster import note_skipped
 
     if alias and not register:
         raise BubblecastError("--alias needs --register NAME")
@@ -57,7 +61,9 @@ def train(
         target = out if out is not None else Path(tmp) / "model"
         result = train_model(features, model, target, params=params, holdout=holdout,
                              seed=seed, track=not no_track, tracking_uri=tracking_uri,
-                             register=register, alias=alias, progress=note, cluster=cluster)
+                             register=register, alias=alias, progress=note, cluster=cluster,
+                             skip_bad=skip_bad_runs)
+    note_skipped(result.get("skipped_runs", []))
     if out is None:
         result.pop("out", None)
     if json_out:

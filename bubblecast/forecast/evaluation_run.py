@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from bubblecast.dataset.store import read_features
+from bubblecast.dataset.fleet import read_features_skipping
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.baselines import BASELINES
 from bubblecast.forecast.evaluate import Evaluation, evaluate, unique_names
@@ -22,12 +22,16 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
                    track: bool = True, tracking_uri: str | None = None,
                    plot_dir: str | os.PathLike[str] | None = None,
                    progress: Callable[[str], None] | None = None,
-                   cluster: str | None = None) -> Evaluation:
+                   cluster: str | None = None, skip_bad: bool = False) -> Evaluation:
     """Evaluate the models at ``model_refs`` (directories or ``models:/`` URIs) on a file;
-    with ``cluster`` the forecasts of a dataset partitioned by run are made on Dask."""
+    with ``cluster`` the forecasts of a dataset partitioned by run are made on Dask. Of such a
+    dataset, an unreadable part fails naming its run and file, or with ``skip_bad`` (not with
+    ``cluster``) its run is left out and listed in the result's ``skipped_runs``."""
     note = progress or (lambda _msg: None)
+    if skip_bad and cluster is not None:
+        raise BubblecastError("--skip-bad-runs: not with --cluster for evaluate (drop one)")
     note(f"reading {features}")
-    frame, meta = read_features(features)
+    frame, meta, skipped = read_features_skipping(features, skip_bad)
     loaded = []
     for ref in model_refs:
         note(f"loading {ref}")
@@ -58,6 +62,8 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
         note("logging to MLflow")
         _log_evaluation(result, meta.fingerprint, model_refs, names, seed, tracking_uri, frame,
                         preds, pngs)
+    if skip_bad:
+        result.skipped_runs = skipped  # type: ignore[attr-defined]
     return result
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bubblecast.dataset.fleet import read_features_skipping
 from bubblecast.dataset.splits import split_runs
-from bubblecast.dataset.store import read_features
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.modeldir import make_model, save_model
 
@@ -38,17 +38,22 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
                 track: bool = True, tracking_uri: str | None = None,
                 register: str | None = None, alias: str | None = None,
                 progress: Callable[[str], None] | None = None,
-                cluster: str | None = None) -> dict[str, Any]:
+                cluster: str | None = None, skip_bad: bool = False) -> dict[str, Any]:
     """Train ``kind`` on ``features``; save to ``out``; log to MLflow when ``track``.
 
     With ``cluster`` (``local:N`` or ``tcp://HOST:PORT``) an ``lgbm`` model is fitted with
-    ``lightgbm.dask`` on a features dataset partitioned by run (:mod:`.dask_train`)."""
+    ``lightgbm.dask`` on a features dataset partitioned by run (:mod:`.dask_train`). Of a
+    dataset partitioned by run, an unreadable part fails naming its run and file, or with
+    ``skip_bad`` (not with ``cluster``) its run is left out and listed (``skipped_runs``).
+    A ``seq`` model on such a dataset is fitted from its parts (``fit_partitioned``)."""
     note = progress or (lambda _msg: None)
     if cluster is not None:
+        if skip_bad:
+            raise BubblecastError("--skip-bad-runs: not with --cluster for train (drop one)")
         return _train_on_cluster(features, kind, out, params, holdout, seed, track,
                                  tracking_uri, register, alias, note, cluster)
     note(f"reading {features}")
-    frame, meta = read_features(features)
+    frame, meta, skipped = read_features_skipping(features, skip_bad)
     model = make_model(kind, **(params or {}))
     runs = frame["run_id"].nunique()
     need = MIN_RUNS.get(kind, 1)
@@ -63,12 +68,19 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
         raise BubblecastError(f"{features}: {kind} needs at least {need} runs to train, the "
                               f"file has {runs}")
     note(f"fitting {kind} on {len(fit_frame)} rows")
-    model.fit(fit_frame)
+    if kind == "seq" and Path(features).is_dir():
+        # the same fit as on fit_frame, from the fit runs' parts (skipped ones are not read)
+        model.fit_partitioned(features, sorted(fit_frame["run_id"].astype(str).unique()))
+    else:
+        model.fit(fit_frame)
     evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     fit = {"fit_rows": len(fit_frame), "fit_runs": int(fit_frame["run_id"].nunique()),
            "rows": len(frame), "runs": runs, "sample": fit_frame.head(5)}
-    return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
-                   holdout, seed, track, tracking_uri, register, alias, note)
+    result = _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
+                     holdout, seed, track, tracking_uri, register, alias, note)
+    if skip_bad:
+        result["skipped_runs"] = skipped
+    return result
 
 
 def _score_holdout(model: Any, kind: str, test_frame: Any, seed: int,
