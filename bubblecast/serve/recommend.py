@@ -33,6 +33,7 @@ from bubblecast.policy.solver import stage_work
 from bubblecast.policy.speeds import ModelSpeeds
 from bubblecast.serve.inputs import Loaded, check_servable, request_shape, request_window
 from bubblecast.serve.schemas import RecommendRequest, RecommendResponse, RequestError
+from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.sim.steptime import predicted_step
 
 
@@ -97,7 +98,9 @@ def _state(req: RecommendRequest, speeds: np.ndarray, costs: np.ndarray) -> Poli
     last = None if req.steps_since_action is None else t - req.steps_since_action
     return PolicyState(t=t, history=speeds, partition=tuple(req.partition), costs=costs,
                        pipeline=request_shape(pipe),
-                       migration=MigrationCost(param_bytes, constants), last_action=last)
+                       migration=MigrationCost.for_shape(param_bytes, constants,
+                                                         request_shape(pipe)),
+                       last_action=last)
 
 
 def _keep_numbers(state: PolicyState, forecaster: ModelSpeeds, req: RecommendRequest,
@@ -126,7 +129,8 @@ def recommend(loaded: Loaded, req: RecommendRequest) -> RecommendResponse:
     pipe = req.pipeline
     # Work a rank holds now: the layer cost of its stage(s) under the current partition.
     held = stage_work(tuple(req.partition), costs.sum(axis=1))
-    held = held.reshape(pipe.chunks, pipe.stages).sum(axis=0)
+    held = np.bincount(vstage_ranks(pipe.schedule, pipe.stages, pipe.chunks), weights=held,
+                       minlength=pipe.stages)  # virtual stages summed per rank, any layout
     _, window = request_window(req, default_cost=np.maximum(held, 1e-12))
     ahead = {} if req.next_tokens is None else dict(zip(req.horizons, req.next_tokens,
                                                        strict=True))

@@ -28,11 +28,13 @@ MAX_HORIZON = 10_000
 MAX_SECONDS = 1e6  # any single time value
 MAX_WORK = 1e12  # work units (layer cost, tokens) per value
 
-#: The schedules the service accepts: rows of THE schedule table
-#: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), in the
-#: order the OpenAPI schema lists them. The engine times more (zbv, dualpipev, ...); the service
-#: takes these five, whose rules (one chunk, or ``chunks`` with interleaved) it checks here.
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+#: The schedules the service accepts: every named row of THE schedule table
+#: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), the first
+#: five in the order the OpenAPI schema always listed them, then the multi-chunk ones (zbv,
+#: dualpipev, ...). ``torch:``/``csv:`` sources are not accepted over HTTP (no files).
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2") + tuple(
+    name for name in SCHEDULE_TABLE
+    if name not in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"))
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 PositiveWork = Annotated[float, Field(gt=0.0, le=MAX_WORK, allow_inf_nan=False)]
@@ -97,7 +99,9 @@ class Pipeline(_Strict):
         if ops > MAX_OPS:
             raise ValueError(f"stages x microbatches x chunks x 3 = {ops} ops, limit {MAX_OPS}")
         if self.chunks > 1 and not SCHEDULE_TABLE[self.schedule].multi_chunk:
-            raise ValueError(f"chunks: {self.chunks} chunks need schedule 'interleaved'")
+            multi = sorted(n for n, spec in SCHEDULE_TABLE.items() if spec.multi_chunk)
+            raise ValueError(f"chunks: {self.chunks} chunks need a multi-chunk schedule "
+                             f"({', '.join(multi)}), not '{self.schedule}'")
         return self
 
 

@@ -203,3 +203,32 @@ def test_recommend_fills_in_the_step_time_when_the_policy_kept_the_plan_early():
     assert "holding" in out.reason and out.action["action"] == "noop"
     assert out.step_time_s > 0 and out.step_time_with_action_s == out.step_time_s
     assert out.migration_s == 0.0 and out.saving_s == 0.0
+
+
+@pytest.mark.parametrize("schedule, held", [("interleaved", [4.0, 4.0]), ("zbv", [6.0, 2.0])])
+def test_recommend_sums_each_ranks_virtual_stages_by_the_schedules_placement(
+        monkeypatch, schedule, held):
+    """Looped placement: rank r holds virtual stages r and r + P; V-shape: r and 2P - 1 - r."""
+    import bubblecast.serve.recommend as rec
+
+    seen = {}
+    real = rec.request_window
+
+    def spy(req, default_cost):
+        seen["held"] = np.asarray(default_cost).tolist()
+        return real(req, default_cost=default_cost)
+
+    monkeypatch.setattr(rec, "request_window", spy)
+    req = recommend_request(stages=2, schedule=schedule, microbatches=4)
+    req["pipeline"]["chunks"] = 2
+    req["partition"], req["layer_costs"] = [3, 1, 1, 3], [1.0] * 8
+    out = make().recommend(req)
+    assert seen["held"] == held
+    assert out.action["action"] in {"noop", "repartition"}
+
+
+def test_chunks_with_a_single_chunk_schedule_name_the_multi_chunk_ones():
+    req = recommend_request(stages=2)
+    req["pipeline"]["chunks"] = 2
+    with pytest.raises(RequestError, match="zbv"):
+        make().recommend(req)
