@@ -112,13 +112,16 @@ def remove_stale_temporaries(target: str | os.PathLike[str], *, dirs: bool = Fal
     else (user files, other hidden names) is never touched."""
     target = Path(target)
     suffix = "" if dirs else r"\.tmp"
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.{_TMP_RANDOM}{suffix}")
-    started = process_start_time()
+    prefix = f".{target.name}."  # a cheap filter first: a run's directory holds many parts
     removed: list[Path] = []
     try:
-        candidates = list(os.scandir(target.parent))
+        candidates = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
     except OSError:
         return removed
+    if not candidates:
+        return removed
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.{_TMP_RANDOM}{suffix}")
+    started = process_start_time()
     for entry in candidates:
         if not pattern.fullmatch(entry.name):
             continue
