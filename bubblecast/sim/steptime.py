@@ -206,6 +206,15 @@ def step_times(shape: PipelineShape, durations: np.ndarray) -> tuple[np.ndarray,
     fast = _scalar_times(sg.graph, shape.stages, durations, shape.comm_s)
     if fast is not None:
         return fast
+    return engine_step_times(shape, durations)
+
+
+def engine_step_times(shape: PipelineShape, durations: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_times` by the vectorised engine alone (no scalar program): the path for
+    large batches, and the reference the scalar program is tested against."""
+    sg = shape_graph(shape)
+    durations = np.atleast_2d(np.asarray(durations, dtype=np.float64))
     start, end = simulate(sg.graph, durations, comm=shape.comm_s)
     window = end.max(axis=1) - start.min(axis=1)
     cells = shape.stages * window
