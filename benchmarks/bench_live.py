@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from bubblecast.runtime.shutdown import exit_process
+
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("static", "reactive", "predictive")
 OFF = "static-off"  # static, controller disabled: the overhead reference
@@ -338,5 +340,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:
         worker(Path(sys.argv[1]))
+        exit_process(0)  # no finalization: see bubblecast.runtime.shutdown
     else:
         sys.exit(main())

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bubblecast.runtime.shutdown import exit_process
+
 CYCLE = [(2, 6), (6, 2), (4, 4), (1, 7), (7, 1), (4, 4)]
 RESULTS = Path(__file__).resolve().parent / "results" / "migration.json"
 
@@ -109,5 +111,6 @@ def main() -> None:
 if __name__ == "__main__":
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:
         worker(Path(sys.argv[1]))
+        exit_process(0)  # no finalization: see bubblecast.runtime.shutdown
     else:
         main()

@@ -43,6 +43,8 @@ from typing import Any
 
 from _ab import is_worker, paired_summary, run_job, timed_rounds
 
+from bubblecast.runtime.shutdown import exit_process
+
 RESULTS = Path(__file__).resolve().parent / "results" / "record.json"
 LAYERS, MICROBATCHES, BATCH = 8, 4, 64
 #: record() arguments of each recorded arm, beyond the schedule, out and optimizer.
@@ -215,5 +217,6 @@ if __name__ == "__main__":
         import sys
 
         worker(Path(sys.argv[1]))
+        exit_process(0)  # no finalization: see bubblecast.runtime.shutdown
     else:
         main()

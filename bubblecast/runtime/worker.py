@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.launch import PROGRESS_PREFIX, die_with_parent
+from bubblecast.runtime.shutdown import exit_process
 
 PROFILE_STEPS = 4
 
@@ -162,4 +163,4 @@ def main(argv: list[str] | None = None, *, make_hook: HookFactory | None = None,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # no finalization: see runtime.shutdown

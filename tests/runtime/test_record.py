@@ -219,4 +219,7 @@ def test_readme_example_runs_under_torchrun(tmp_path: Path,
 
 
 if __name__ == "__main__":
+    from bubblecast.runtime.shutdown import exit_process
+
     job(Path(sys.argv[1]))
+    exit_process(0)  # no finalization: see bubblecast.runtime.shutdown

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.plan import SCHEDULES
+from bubblecast.runtime.shutdown import exit_process
 from bubblecast.runtime.trainer import Trainer, init_distributed
 
 SPEC = ModelSpec(kind="gpt", layers=8, hidden=8, seq_len=4, vocab=16, heads=2, dtype="float32")
@@ -47,4 +48,4 @@ def main(out_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    exit_process(main(sys.argv[1]))  # no finalization: see runtime.shutdown

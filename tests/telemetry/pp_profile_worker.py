@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bubblecast.runtime.shutdown import exit_process
+
 WORLD = 2
 MICROBATCHES = 4
 WAIT, WARMUP, ACTIVE = 1, 1, 3  # profiler schedule: steps 2..4 are recorded
@@ -135,4 +137,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))  # no finalization: see runtime.shutdown

@@ -11,9 +11,10 @@ each step's end time and every rank's control seconds.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
+
+from bubblecast.runtime.shutdown import exit_process
 
 
 class ControlHook:
@@ -57,4 +58,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # no finalization: see runtime.shutdown
