@@ -40,7 +40,7 @@ from bubblecast.policy.guard import (
 )
 from bubblecast.policy.solver import Partition, SolverTables, candidates, min_bottleneck, solve
 from bubblecast.policy.state import PolicyState, RunContext, horizon_grid, planning_speed
-from bubblecast.policy.viterbi import viterbi
+from bubblecast.policy.viterbi import first_move, viterbi
 
 
 class Policy:
@@ -138,7 +138,10 @@ class PredictivePolicy(Policy):
     forecaster's realised error is worse than the naive forecast's, the decision is ``fallback``'s
     (reactive, on at most the history there is), and no more than the budget's moves are made.
     ``clock``, when set before a decision, is the absolute step index of the state's last history
-    row (history drops old rows live).
+    row (history drops old rows live). ``timing``: also choose *when* to move
+    (:func:`~bubblecast.policy.viterbi.first_move`: a move the forecast's least-time path
+    makes later waits; a partition it passes through first is taken first), for forecasts that
+    ramp in, such as a thermal lead's.
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -152,6 +155,7 @@ class PredictivePolicy(Policy):
     fallback: Policy = field(default_factory=ReactivePolicy)
     name: str = "predictive"
     clock: int | None = field(default=None, repr=False)
+    timing: bool = False
 
     def __post_init__(self) -> None:
         if self.horizon < 1 or not 0.0 <= self.risk <= 1.0 or self.margin < 0:
@@ -274,6 +278,12 @@ class PredictivePolicy(Policy):
         best = int(np.argmin(total_time))
         if best == 0:
             return Decision.keep("current partition is predicted fastest", **keep)
+        if self.timing:  # migrations cost (1 + margin) x their seconds, as paid below
+            mig = np.array([[(1.0 + self.margin) * state.migration.seconds(a, b) if a != b
+                             else 0.0 for b in options] for a in options])
+            best, later = first_move(step, weight, self._hz, mig)
+            if best == 0:
+                return Decision.keep(f"forecast's best path moves in {later} steps", **keep)
         current, target = options[0], options[best]
         saving = float(total_time[0] - total_time[best])
         cost = state.migration.seconds(current, target)

@@ -4,7 +4,9 @@ onset (no processes)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from bubblecast.errors import BubblecastError
 from bubblecast.runtime.control.lead import ThermalLead
 from bubblecast.runtime.control.observe import History
 from bubblecast.runtime.inject import parse_inject
@@ -71,3 +73,30 @@ def test_the_lead_uses_the_emulated_device_constants() -> None:
         lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
     assert set(lead.active) == {1} and abs(lead.active[1] - 2.0) < 0.1
     assert lead.onset[1] < 100 - 10  # first predicted at least 10 steps ahead
+
+
+def test_the_lead_forecast_ramps_in_over_the_device_clock_steps() -> None:
+    inj = parse_inject("rank=1,factor=2,start=100,ramp=60,lead=30")[0]
+    lead = ThermalLead.for_injections([inj])
+    assert lead.ramp_steps == 60.0
+    for step in range(9, 90, 10):
+        lead.note_speeds(np.array([1.0, 1.0]))
+        lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
+    hz = np.array([1, 8, 16, 32, 64, 128])
+    out = lead.adjust(np.ones((len(hz), 2, 3)), hz, now=89)
+    f, cross = lead.active[1], lead._cross[1]
+    expected = [1.0 if 89 + h < cross else 1.0 + (f - 1.0) * min(1.0, (89 + h - cross + 1) / 60)
+                for h in hz]
+    assert np.allclose(out[:, 1, 1], expected) and np.all(out[:, 0] == 1.0)
+    assert out[0, 1, 1] == 1.0 and 1.2 < out[3, 1, 1] < f - 0.2 and out[-1, 1, 1] == f
+    step_lead = ThermalLead(**{**{k: getattr(lead, k) for k in ("t_amb", "t_throttle",
+                                                               "tau_steps")}, "ramp_steps": 0})
+    step_lead._factor, step_lead._cross, step_lead._healthy_speed = {1: f}, {1: cross}, {1: 1.0}
+    assert step_lead.adjust(np.ones((len(hz), 2, 3)), hz, now=89)[3, 1, 1] == f  # at once
+
+
+@pytest.mark.parametrize("bad", [{"t_throttle": 30.0}, {"tau_steps": 0.0}, {"ramp_steps": -1.0},
+                                 {"window": 1}, {"min_rise": 0.0}, {"max_factor": 0.5}])
+def test_thermal_lead_rejects_impossible_constants(bad: dict) -> None:
+    with pytest.raises(BubblecastError, match="ThermalLead"):
+        ThermalLead(**bad)

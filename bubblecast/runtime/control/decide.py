@@ -245,21 +245,26 @@ class Decider:
 
     def _decide_leading(self, state: Any) -> Decision:
         """The policy's decision with the forecast guard's error check and its persistence
-        test off: a throttle the temperature announces has not shown in the speeds the guard
-        scores forecasts on, nor lasted any steps yet (a thermal throttle persists: the
-        payback horizon is not cut to its age so far, which would be 0 before it begins)."""
+        test off, and with move timing on: a throttle the temperature announces has not shown
+        in the speeds the guard scores forecasts on, nor lasted any steps yet (a thermal
+        throttle persists: the payback horizon is not cut to its age so far, which would be 0
+        before it begins); and it ramps in from a known step, so the move waits for the
+        forecast's least-time path (``PredictivePolicy.timing``) rather than taking the full
+        slowdown's split before the slowdown starts."""
         guard = getattr(self.policy, "guard", None)
         if guard is None or not hasattr(guard, "enabled"):
             return self.policy.decide(state)
-        off = {k: False for k in ("enabled", "persistence") if hasattr(guard, k)}
-        saved = {k: getattr(guard, k) for k in off}
-        for k, v in off.items():
-            setattr(guard, k, v)
+        flags = [(guard, k, False) for k in ("enabled", "persistence") if hasattr(guard, k)]
+        if hasattr(self.policy, "timing"):
+            flags.append((self.policy, "timing", True))
+        saved = [(obj, k, getattr(obj, k)) for obj, k, _ in flags]
+        for obj, k, v in flags:
+            setattr(obj, k, v)
         try:
             decision = self.policy.decide(state)
         finally:
-            for k, v in saved.items():
-                setattr(guard, k, v)
+            for obj, k, v in saved:
+                setattr(obj, k, v)
         return replace(decision, reason=f"thermal lead: {decision.reason}") \
             if decision.reason else decision
 

@@ -14,12 +14,17 @@ its last healthy sample, over at most ``window`` samples), predicts the step it 
 threshold and the slowdown ``f`` it will then settle at (the last prediction is kept while
 the rank throttles: its temperature stops rising then). :meth:`ThermalLead.adjust` turns
 that into the forecast the predictive policy plans with: at horizons past the crossing, each
-quantile at least the rank's healthy speed times ``f``. Ranks without temperatures (no
+quantile at least the rank's healthy speed times the slowdown reached by then, which steps in
+over ``ramp_steps`` (the device lowers its clock one bin at a time: one step per bin in
+:mod:`bubblecast.sim.thermal`; 0: at once). The policy then times its move to the slowdown's
+path (:attr:`bubblecast.policy.policies.PredictivePolicy.timing`) instead of moving for the
+full slowdown before it starts. Ranks without temperatures (no
 device metric, the plain ``--inject`` ramp) are left alone: the policy is then exactly the
 one without a lead.
 
-The device constants (ambient, threshold, ``tau`` in steps) are those of the emulated device
-(:mod:`bubblecast.runtime.inject`, :meth:`ThermalLead.for_injections`: its ``tau`` follows the
+The device constants (ambient, threshold, ``tau`` and ``ramp_steps`` in steps) are those of the
+emulated device (:mod:`bubblecast.runtime.inject`, :meth:`ThermalLead.for_injections`: its
+clock steps down over the fault's ``ramp``; its ``tau`` follows the
 fault's lead, so the emulated device's own is used: with a fixed guess of 150 steps a 2x fault
 with a 30-step lead was read as 1.82-1.9x); on real GPUs they are the device's own (NVML reports
 the slowdown temperature; ``tau`` is measured once per device model). :attr:`ThermalLead.onset`
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bubblecast.errors import BubblecastError
+
 
 @dataclass
 class ThermalLead:
@@ -42,6 +49,7 @@ class ThermalLead:
     t_amb: float = 35.0
     t_throttle: float = 85.0
     tau_steps: float = 150.0
+    ramp_steps: float = 0.0
     window: int = 8
     min_rise: float = 2.0
     max_factor: float = 4.0
@@ -52,6 +60,14 @@ class ThermalLead:
     _healthy_speed: dict[int, float] = field(default_factory=dict)
     onset: dict[int, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not self.t_throttle > self.t_amb:
+            raise BubblecastError("ThermalLead: t_throttle must be above t_amb")
+        if not self.tau_steps > 0 or self.ramp_steps < 0 or self.window < 2:
+            raise BubblecastError("ThermalLead: tau_steps > 0, ramp_steps >= 0, window >= 2")
+        if not self.min_rise > 0 or self.max_factor < 1:
+            raise BubblecastError("ThermalLead: min_rise > 0 and max_factor >= 1")
+
     @classmethod
     def for_injections(cls, injections: list) -> ThermalLead:
         """A lead with the emulated device's constants (the first thermal fault's ``tau``);
@@ -61,7 +77,8 @@ class ThermalLead:
         for inj in injections:
             model = inj.thermal
             if model is not None:
-                return cls(t_amb=T_AMB, t_throttle=T_THROTTLE, tau_steps=float(model[1]))
+                return cls(t_amb=T_AMB, t_throttle=T_THROTTLE, tau_steps=float(model[1]),
+                           ramp_steps=float(inj.ramp))
         return cls()
 
     def add(self, step: int, temps: np.ndarray) -> None:
@@ -128,13 +145,17 @@ class ThermalLead:
 
     def adjust(self, quantiles: np.ndarray, horizons: np.ndarray, now: int) -> np.ndarray:
         """``(H, P, Q)`` speed quantiles with the predicted slowdowns applied past each
-        rank's crossing (never faster than the forecast already was)."""
+        rank's crossing, stepping in over ``ramp_steps`` (never faster than the forecast
+        already was)."""
         out = np.array(quantiles, dtype=np.float64, copy=True)
         hz = np.asarray(horizons, dtype=np.float64)
         for r, f in self._factor.items():
             if r >= out.shape[1] or r not in self._healthy_speed:
                 continue
-            late = now + hz >= self._cross[r]
-            floor = self._healthy_speed[r] * f
-            out[late, r] = np.maximum(out[late, r], floor)
+            since = now + hz - self._cross[r]  # steps past the crossing at each horizon
+            late = since >= 0
+            reached = np.ones_like(since) if self.ramp_steps <= 0 else \
+                np.clip((since + 1.0) / self.ramp_steps, 0.0, 1.0)
+            floor = self._healthy_speed[r] * (1.0 + (f - 1.0) * reached)
+            out[late, r] = np.maximum(out[late, r], floor[late, None])
         return out
