@@ -11,8 +11,9 @@ scores the best split's one-layer neighbours, so it aims there in one move.
 
 Default (interleaved): one launch holds one trainer and controller per policy, each on its own
 process groups, plus a second static trainer whose controller is off and a scripted one that
-knows the ramp (7|5 once that pays, 8|4 from factor 1.6, 6|6 after: the best this machine
-allows, migrations included); their steps alternate
+knows the ramp (7|5 from factor 1.15, 8|4 from 1.5, 9|3 from 1.85, 6|6 after: the splits a
+fixed-plus-per-layer stage model favours at each factor; an estimate, not a measured
+optimum); their steps alternate
 (order rotated every step, a barrier around each step, each trainer on its own step count and
 slowdown timeline), so every policy sees the same background load of this shared machine. A
 step's time runs from the barrier before it to the barrier after it. ``--sequential`` runs the
@@ -54,7 +55,7 @@ from bubblecast.runtime.shutdown import exit_process
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("static", "reactive", "predictive")
 OFF = "static-off"  # static, controller disabled: the overhead reference
-ORACLE = "scripted-best"  # knows the ramp: 7|5 once it pays, 8|4 from factor 1.6, 6|6 after
+ORACLE = "scripted-best"  # knows the ramp: 7|5 from factor 1.15, 8|4 from 1.5, 9|3 from 1.85
 FULL = {"steps": 440, "start": 100, "ramp": 60, "end": 400}
 QUICK = {"steps": 180, "start": 40, "ramp": 30, "end": 160}
 PHASES = ("gather_s", "decide_s", "broadcast_s")
@@ -138,9 +139,10 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str
         runs[name] = {"config": config.to_json(), "enabled": name in POLICIES,
                       "control": ControllerConfig(policy=policy, every=args.every).to_json()}
     start, ramp = scale["start"], scale["ramp"]
-    runs[ORACLE]["script"] = [  # factor 1 + (t - start + 1) / ramp; 7|5 wins above 7/6
-        {"step": start + int(np.ceil(ramp / 6)), "partition": [7, 5]},
-        {"step": start + int(np.ceil(0.6 * ramp)), "partition": [8, 4]},
+    runs[ORACLE]["script"] = [  # factor 1 + (t - start + 1) / ramp: the split each factor
+        {"step": start + int(np.ceil(0.15 * ramp)), "partition": [7, 5]},  # favours by a
+        {"step": start + int(np.ceil(0.5 * ramp)), "partition": [8, 4]},  # fixed-plus-per-
+        {"step": start + int(np.ceil(0.85 * ramp)), "partition": [9, 3]},  # layer estimate
         {"step": scale["end"], "partition": [6, 6]}]
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         job_dir = Path(tmp)
