@@ -255,6 +255,11 @@ class MigrationCost:
             volume = float(lb[moved].sum())
         return volume / self.constants.bandwidth_Bps + self.constants.fixed_pause_s
 
+    def matrix(self, partitions: Sequence[Sequence[int]]) -> np.ndarray:
+        """``(K, K)`` seconds of every move between ``partitions`` (0 on the diagonal)."""
+        return np.array([[self.seconds(a, b) if i != j else 0.0
+                          for j, b in enumerate(partitions)] for i, a in enumerate(partitions)])
+
 
 def schedule_placement(schedule: str, stages: int, chunks: int) -> tuple[int, ...]:
     """Rank of each virtual stage of ``schedule`` (``stages * chunks`` entries)."""

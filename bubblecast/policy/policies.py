@@ -138,10 +138,9 @@ class PredictivePolicy(Policy):
     forecaster's realised error is worse than the naive forecast's, the decision is ``fallback``'s
     (reactive, on at most the history there is), and no more than the budget's moves are made.
     ``clock``, when set before a decision, is the absolute step index of the state's last history
-    row (history drops old rows live). ``timing``: also choose *when* to move
-    (:func:`~bubblecast.policy.viterbi.first_move`: a move the forecast's least-time path
-    makes later waits; a partition it passes through first is taken first), for forecasts that
-    ramp in, such as a thermal lead's.
+    row (history drops old rows live). ``timing``: also choose *when* to move, for forecasts
+    that ramp in (a thermal lead's): :func:`~bubblecast.policy.viterbi.first_move` over
+    decisions ``decide_every`` steps apart (live: the controller's period).
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -156,12 +155,14 @@ class PredictivePolicy(Policy):
     name: str = "predictive"
     clock: int | None = field(default=None, repr=False)
     timing: bool = False
+    decide_every: int = 1
 
     def __post_init__(self) -> None:
         if self.horizon < 1 or not 0.0 <= self.risk <= 1.0 or self.margin < 0:
             raise BubblecastError("PredictivePolicy: horizon >= 1, risk in [0, 1], margin >= 0")
-        if self.min_gain < 0 or self.hold < 0 or self.min_history < 1:
-            raise BubblecastError("PredictivePolicy: min_gain, hold >= 0 and min_history >= 1")
+        if self.min_gain < 0 or self.hold < 0 or min(self.min_history, self.decide_every) < 1:
+            raise BubblecastError("PredictivePolicy: min_gain, hold >= 0; min_history, "
+                                  "decide_every >= 1")
         self._hz, self._weight = horizon_grid(self.horizon)
         self.guard = GuardConfig.coerce(self.guard)
         self.guard_ = ForecastGuard(self.guard)
@@ -279,9 +280,8 @@ class PredictivePolicy(Policy):
         if best == 0:
             return Decision.keep("current partition is predicted fastest", **keep)
         if self.timing:  # migrations cost (1 + margin) x their seconds, as paid below
-            mig = np.array([[(1.0 + self.margin) * state.migration.seconds(a, b) if a != b
-                             else 0.0 for b in options] for a in options])
-            best, later = first_move(step, weight, self._hz, mig)
+            mig = (1.0 + self.margin) * state.migration.matrix(options)
+            best, later = first_move(step, weight, self._hz, mig, self.decide_every)
             if best == 0:
                 return Decision.keep(f"forecast's best path moves in {later} steps", **keep)
         current, target = options[0], options[best]

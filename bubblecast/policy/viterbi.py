@@ -27,15 +27,34 @@ def viterbi(times: np.ndarray, migration: np.ndarray, start: int = 0) -> list[in
 
 
 def first_move(step: np.ndarray, weight: np.ndarray, grid: np.ndarray,
-               migration: np.ndarray) -> tuple[int, int]:
+               migration: np.ndarray, every: int = 1) -> tuple[int, int]:
     """Where and when a forecast's least-time path goes: ``step`` is ``(K, H)`` predicted
     step seconds of each option (0 the current) at each horizon ``grid`` point, each standing
-    for ``weight`` steps; ``migration`` ``(K, K)`` the seconds of each move. Returns the option
-    the path runs first (0: stay for now) and the step (1: the next) at which it first leaves
-    option 0 (0: it never does)."""
-    k = step.shape[0]
-    times = np.concatenate([np.zeros((k, 1)), step * weight[None, :]], axis=1)
-    path = viterbi(times, migration, start=0)[1:]  # the option of each grid point's steps
+    for ``weight`` steps (the steps counted: the first ``weight.sum()``); ``migration``
+    ``(K, K)`` the seconds of each move. Step times are interpolated between the grid points
+    to every step, and the path may change option only where a decision can act (steps 1,
+    ``1 + every``, ...). Returns the option the path runs in the first ``every`` steps (0: stay
+    for now) and the step (1: the next) at which it first leaves option 0 (0: it never does)."""
+    step = np.asarray(step, dtype=np.float64)
+    k, n = step.shape[0], int(round(float(np.sum(weight))))
+    if n < 1:
+        return 0, 0
+    hs = np.arange(1, n + 1, dtype=np.float64)
+    times = np.array([np.interp(hs, np.asarray(grid, dtype=np.float64), row) for row in step])
+    total = np.where(np.arange(k) == 0, 0.0, migration[0]) + times[:, 0]  # step 1: may move
+    back = np.zeros((n, k), dtype=np.int64)
+    for t in range(1, n):
+        if t % every:  # no decision acts here: stay
+            back[t] = np.arange(k)
+            total = total + times[:, t]
+            continue
+        via = total[:, None] + migration  # (from, to)
+        frm = np.argmin(via, axis=0)
+        total = via[frm, np.arange(k)] + times[:, t]
+        back[t] = frm
+    path = [int(np.argmin(total))]
+    for t in range(n - 1, 0, -1):
+        path.append(int(back[t, path[-1]]))
+    path = path[::-1]
     moved = next((i for i, o in enumerate(path) if o != 0), None)
-    later = 0 if moved is None else int(grid[moved] - weight[moved]) + 1
-    return int(path[0]), later
+    return int(path[0]), 0 if moved is None else moved + 1

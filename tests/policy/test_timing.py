@@ -26,9 +26,23 @@ def test_a_move_that_pays_from_now_is_made_now() -> None:
 
 
 def test_a_move_that_pays_only_later_waits_and_says_when() -> None:
+    # option 1 is 1.3 up to step 8, 0.7 from step 16: interpolated, it passes 1.0 at step 12
     step = _steps([1.0] * 7, [1.3, 1.3, 1.3, 1.3, 0.7, 0.7, 0.7], [1.5] * 7)
-    first, later = first_move(step, WEIGHT, HZ, CHEAP)
-    assert first == 0 and later == HZ[4] - WEIGHT[4] + 1 == 9  # the point standing for 9..16
+    assert first_move(step, WEIGHT, HZ, CHEAP) == (0, 13)
+    assert first_move(step, WEIGHT, HZ, CHEAP, every=10) == (0, 11)  # decisions at 1, 11, 21
+
+
+def test_a_move_due_before_the_next_decision_is_made_now() -> None:
+    step = _steps([1.0] * 7, [1.2, 1.2, 1.0, 0.6, 0.6, 0.6, 0.6], [1.5] * 7)  # 1.0 at step 4
+    assert first_move(step, WEIGHT, HZ, CHEAP) == (0, 5)
+    assert first_move(step, WEIGHT, HZ, CHEAP, every=3) == (0, 4)
+    assert first_move(step, WEIGHT, HZ, CHEAP, every=10) == (1, 1)  # step 11 would be late
+
+
+def test_only_the_steps_the_payback_counts_are_planned() -> None:
+    step = _steps([1.0] * 7, [1.3, 1.3, 1.3, 1.3, 0.7, 0.7, 0.7], [1.5] * 7)
+    assert first_move(step, np.clip(10 - (HZ - WEIGHT), 0, WEIGHT), HZ, CHEAP) == (0, 0)
+    assert first_move(step, np.zeros(len(HZ)), HZ, CHEAP) == (0, 0)
 
 
 def test_an_intermediate_partition_is_taken_first() -> None:
@@ -69,4 +83,5 @@ def test_the_policy_defers_an_announced_slowdown_only_with_timing_on() -> None:
     assert decide[1, False].acts and decide[1, True].action == decide[1, False].action
     assert decide[32, False].acts  # without timing: the full slowdown's split, 31 steps early
     late = decide[32, True]
-    assert not late.acts and "moves in 17 steps" in late.reason  # the point for 17..32
+    assert not late.acts and "best path moves in" in late.reason
+    assert 17 <= int(late.reason.split(" in ")[1].split()[0]) <= 32  # the slowdown ramps in

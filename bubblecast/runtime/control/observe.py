@@ -174,7 +174,7 @@ def predictive_params(params: dict[str, Any], every: int) -> dict[str, Any]:
     if "persistence" in GuardConfig.__dataclass_fields__:
         guard["persistence"] = d["persistence"]
     out = {"min_gain": d["min_gain"], "hold": d["hold_decisions"] * every,
-           "min_history": d["min_history"], "guard": guard}
+           "min_history": d["min_history"], "guard": guard, "decide_every": every}
     out.update(params)
     return out
 
