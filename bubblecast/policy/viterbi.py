@@ -6,19 +6,26 @@ from __future__ import annotations
 import numpy as np
 
 
-def viterbi(times: np.ndarray, migration: np.ndarray, start: int = 0) -> list[int]:
+def viterbi(times: np.ndarray, migration: np.ndarray, start: int = 0,
+            switch: np.ndarray | None = None) -> list[int]:
     """Least-total-time path over states: ``times`` is ``(K, T)`` step time of each state at
-    each step; switching ``a -> b`` before step ``t`` adds ``migration[a, b]`` to step ``t``.
-    Step 0 runs in state ``start``. Returns the state of every step."""
+    each step; switching ``a -> b`` before step ``t`` adds ``migration[a, b]`` to step ``t``,
+    where ``switch[t]`` allows it (default: at every step). Step 0 runs in state ``start``.
+    Returns the state of every step."""
     k, T = times.shape
     total = np.full(k, np.inf)
     total[start] = times[start, 0]
     back = np.zeros((T, k), dtype=np.int64)
     back[0] = start
+    stay = np.arange(k)
     for t in range(1, T):
+        if switch is not None and not switch[t]:
+            back[t] = stay
+            total = total + times[:, t]
+            continue
         via = total[:, None] + migration  # (from, to)
         frm = np.argmin(via, axis=0)
-        total = via[frm, np.arange(k)] + times[:, t]
+        total = via[frm, stay] + times[:, t]
         back[t] = frm
     path = [int(np.argmin(total))]
     for t in range(T - 1, 0, -1):
@@ -35,26 +42,14 @@ def first_move(step: np.ndarray, weight: np.ndarray, grid: np.ndarray,
     to every step, and the path may change option only where a decision can act (steps 1,
     ``1 + every``, ...). Returns the option the path runs in the first ``every`` steps (0: stay
     for now) and the step (1: the next) at which it first leaves option 0 (0: it never does)."""
-    step = np.asarray(step, dtype=np.float64)
-    k, n = step.shape[0], int(round(float(np.sum(weight))))
+    n = int(round(float(np.sum(weight))))
     if n < 1:
         return 0, 0
+    grid = np.asarray(grid, dtype=np.float64)
     hs = np.arange(1, n + 1, dtype=np.float64)
-    times = np.array([np.interp(hs, np.asarray(grid, dtype=np.float64), row) for row in step])
-    total = np.where(np.arange(k) == 0, 0.0, migration[0]) + times[:, 0]  # step 1: may move
-    back = np.zeros((n, k), dtype=np.int64)
-    for t in range(1, n):
-        if t % every:  # no decision acts here: stay
-            back[t] = np.arange(k)
-            total = total + times[:, t]
-            continue
-        via = total[:, None] + migration  # (from, to)
-        frm = np.argmin(via, axis=0)
-        total = via[frm, np.arange(k)] + times[:, t]
-        back[t] = frm
-    path = [int(np.argmin(total))]
-    for t in range(n - 1, 0, -1):
-        path.append(int(back[t, path[-1]]))
-    path = path[::-1]
+    times = np.array([np.interp(hs, grid, row) for row in np.asarray(step, dtype=np.float64)])
+    times = np.concatenate([np.zeros((len(times), 1)), times], axis=1)  # step 0: now, no time
+    switch = (np.arange(n + 1) - 1) % every == 0  # steps 1, 1 + every, ...
+    path = viterbi(times, migration, start=0, switch=switch)[1:]
     moved = next((i for i, o in enumerate(path) if o != 0), None)
     return int(path[0]), 0 if moved is None else moved + 1
