@@ -5,7 +5,7 @@ reference to a finished collective *after* the waiting Python thread has moved o
 collective's tensors belong to Python objects (``all_gather_object`` and friends) and the
 interpreter has begun finalizing by then, the thread cannot take the GIL to release them and
 the process aborts (``terminate called without an active exception``, SIGABRT); a loaded
-machine makes this more likely (seen about once in ten 2-rank runs under CPU contention).
+machine makes this more likely (2 of 13 two-rank test jobs beside two busy loops).
 ``destroy_process_group`` does not join those threads. Processes that bubblecast starts
 under torchrun (its workers, its benchmark and test jobs) have written and closed everything
 when they end, so they skip interpreter finalization with :func:`exit_process`.
