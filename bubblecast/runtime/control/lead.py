@@ -40,14 +40,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.runtime.inject import T_AMB, T_THROTTLE
 
 
 @dataclass
 class ThermalLead:
     """Per-rank temperature tracking and the slowdown it predicts (module doc)."""
 
-    t_amb: float = 35.0
-    t_throttle: float = 85.0
+    t_amb: float = T_AMB
+    t_throttle: float = T_THROTTLE
     tau_steps: float = 150.0
     ramp_steps: float = 0.0
     window: int = 8
@@ -72,8 +73,6 @@ class ThermalLead:
     def for_injections(cls, injections: list) -> ThermalLead:
         """A lead with the emulated device's constants (the first thermal fault's ``tau``);
         the defaults where no injection has a lead."""
-        from bubblecast.runtime.inject import T_AMB, T_THROTTLE
-
         for inj in injections:
             model = inj.thermal
             if model is not None:
