@@ -138,10 +138,36 @@ class DaskExecutor(Executor):
                 bar.advance(bar.task_ids[0])
         except BaseException:
             self.client.cancel(futures)
+            wait_stopped(self.client, {f.key for f in futures})
             raise
         finally:
             bar.stop()
         return out
+
+
+def _still_running(keys: set[Any], dask_worker: Any = None) -> int:
+    """On a worker: how many of ``keys`` it still executes (a cancelled task included)."""
+    state = dask_worker.state
+    return sum(ts.key in keys for ts in (*state.executing, *state.long_running))
+
+
+def wait_stopped(client: Any, keys: set[Any], timeout_s: float = 60.0) -> None:
+    """Block until no worker executes any of ``keys``. Cancelling a future does not stop a
+    task that is running: it runs to its end, writing what it writes, so the caller must not
+    clean up (a failed job's temporary output) before then. Gives up after ``timeout_s`` or
+    when the workers cannot be asked."""
+    import functools
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            counts = client.run(functools.partial(_still_running, keys))
+        except Exception:  # noqa: BLE001 - workers gone or unreachable: nothing to wait for
+            return
+        if not any(counts.values()):
+            return
+        time.sleep(0.05)
 
 
 def _result(future: Any, item: Any) -> Any:

@@ -48,6 +48,34 @@ def _die_once(marker: str) -> int:
     return 7
 
 
+def _fail_or_write(item: int, folder: str) -> int:
+    """Item 0 fails soon; item 1 writes a file after a while (a task still running when the
+    map fails)."""
+    import time
+
+    if item == 0:
+        time.sleep(0.3)
+        raise ZeroDivisionError("item 0 fails")
+    time.sleep(1.5)
+    Path(folder, "written-1").write_text("late")
+    return item
+
+
+def test_a_failed_map_returns_once_its_running_tasks_stopped(cluster: str,
+                                                             tmp_path: Path) -> None:
+    """Cancelling a future does not stop its running task: the map's failure reaches the
+    caller only after that task ended, so the caller's clean-up (a failed build's temporary
+    output) is not raced by a late write."""
+    from distributed import Client
+
+    from bubblecast.telemetry.cluster import DaskExecutor
+
+    with Client(cluster) as client:
+        with pytest.raises(ZeroDivisionError):
+            DaskExecutor(client, progress=False).map(_fail_or_write, [0, 1], str(tmp_path))
+        assert (tmp_path / "written-1").exists()
+
+
 def _always_die(_item: int) -> int:
     import os
 
