@@ -227,42 +227,14 @@ def read_features_skipping(path: Any, skip_bad: bool = False) -> tuple[
     --skip-bad-runs``: of a dataset partitioned by run, an unreadable part fails naming its run
     and file, or (``skip_bad``) is left out and listed (``{run_id, path, error}``); the
     metadata's runs and run info then cover the runs read (its fingerprint stays the whole
-    dataset's). A single features file is read as it is."""
-    import pyarrow as pa
-
-    from bubblecast.dataset.store import (
-        _read_table,
-        partition_files,
-        read_features,
-        read_features_meta,
-    )
-    from bubblecast.errors import BubblecastError
-    from bubblecast.telemetry.fleet import run_id_of
+    dataset's). A single features file is read as it is (:mod:`.partread`)."""
+    from bubblecast.dataset.partread import read_parts
+    from bubblecast.dataset.store import read_features
 
     if not Path(path).is_dir():
         frame, meta = read_features(path)
         return frame, meta, []
-    meta = read_features_meta(path)
-    tables, skipped = [], []
-    for part in partition_files(path, meta):
-        run = run_id_of(part.parent)
-        try:
-            tables.append(_read_table(part))
-        except BubblecastError as exc:
-            if not skip_bad:
-                raise BubblecastError(f"run '{run}': {exc}") from None
-            skipped.append({"run_id": run, "path": str(part), "error": str(exc)})
-    if not tables:
-        raise BubblecastError(f"{path}: no run could be read ({len(skipped)} skipped)")
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
-    for col in ("run_id", "scenario"):
-        if col in frame.columns and not isinstance(frame[col].dtype, pd.CategoricalDtype):
-            frame[col] = frame[col].astype(str).astype("category")
-    gone = {s["run_id"] for s in skipped}
-    meta.runs = [r for r in meta.runs if r not in gone]
-    meta.run_info = {k: v for k, v in meta.run_info.items() if k not in gone}
-    frame.attrs["bubblecast_features"] = meta.to_json()
-    return frame, meta, skipped
+    return read_parts(path, skip_bad)
 
 
 __all__ = ["GROUPS_PER_WORKER", "MOST_RUNS", "build_partitioned", "build_unit", "groups_of",

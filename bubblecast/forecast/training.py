@@ -45,34 +45,29 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
     ``lightgbm.dask`` on a features dataset partitioned by run (:mod:`.dask_train`). Of a
     dataset partitioned by run, an unreadable part fails naming its run and file, or with
     ``skip_bad`` (not with ``cluster``) its run is left out and listed (``skipped_runs``).
-    A ``seq`` model on such a dataset is fitted from its parts (``fit_partitioned``)."""
+    A ``seq`` model on such a dataset is fitted from its parts, never reading the dataset
+    whole (:func:`_train_seq_streamed`)."""
     note = progress or (lambda _msg: None)
     if cluster is not None:
         if skip_bad:
             raise BubblecastError("--skip-bad-runs: not with --cluster for train (drop one)")
         return _train_on_cluster(features, kind, out, params, holdout, seed, track,
                                  tracking_uri, register, alias, note, cluster)
+    if kind == "seq" and Path(features).is_dir():
+        return _train_seq_streamed(features, out, params, holdout, seed, track, tracking_uri,
+                                   register, alias, note, skip_bad)
     note(f"reading {features}")
     frame, meta, skipped = read_features_skipping(features, skip_bad)
     model = make_model(kind, **(params or {}))
     runs = frame["run_id"].nunique()
-    need = MIN_RUNS.get(kind, 1)
+    fit_mask, test_mask = _split(frame, kind, holdout, seed, features)
     fit_frame, test_frame = frame, None
-    if holdout > 0 and runs >= need + 1 and runs >= 2:
-        masks = split_runs(frame, {"fit": 1.0 - holdout, "test": holdout}, seed=seed)
-        if masks["test"].any():
-            fit_frame = frame.loc[masks["fit"]].reset_index(drop=True)
-            test_frame = frame.loc[masks["test"]].reset_index(drop=True)
-            fit_frame.attrs = dict(frame.attrs)  # keeps the dataset config with the model
-    if fit_frame["run_id"].nunique() < need:
-        raise BubblecastError(f"{features}: {kind} needs at least {need} runs to train, the "
-                              f"file has {runs}")
+    if test_mask is not None:
+        fit_frame = frame.loc[fit_mask].reset_index(drop=True)
+        test_frame = frame.loc[test_mask].reset_index(drop=True)
+        fit_frame.attrs = dict(frame.attrs)  # keeps the dataset config with the model
     note(f"fitting {kind} on {len(fit_frame)} rows")
-    if kind == "seq" and Path(features).is_dir():
-        # the same fit as on fit_frame, from the fit runs' parts (skipped ones are not read)
-        model.fit_partitioned(features, sorted(fit_frame["run_id"].astype(str).unique()))
-    else:
-        model.fit(fit_frame)
+    model.fit(fit_frame)
     evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     fit = {"fit_rows": len(fit_frame), "fit_runs": int(fit_frame["run_id"].nunique()),
            "rows": len(frame), "runs": runs, "sample": fit_frame.head(5)}
@@ -80,6 +75,55 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
                      holdout, seed, track, tracking_uri, register, alias, note)
     if skip_bad:
         result["skipped_runs"] = skipped
+    return result
+
+
+def _split(frame: Any, kind: str, holdout: float, seed: int, features: Any
+           ) -> tuple[Any, Any]:
+    """``(fit, test)`` row masks of whole runs (test None: no held-out runs); refuses too
+    few runs to fit ``kind``."""
+    runs = frame["run_id"].nunique()
+    need = MIN_RUNS.get(kind, 1)
+    fit, test = None, None
+    if holdout > 0 and runs >= need + 1 and runs >= 2:
+        masks = split_runs(frame, {"fit": 1.0 - holdout, "test": holdout}, seed=seed)
+        if masks["test"].any():
+            fit, test = masks["fit"], masks["test"]
+    fit_runs = runs if fit is None else frame.loc[fit, "run_id"].nunique()
+    if fit_runs < need:
+        raise BubblecastError(f"{features}: {kind} needs at least {need} runs to train, the "
+                              f"file has {runs}")
+    return fit, test
+
+
+def _train_seq_streamed(features: Any, out: Any, params: dict[str, Any] | None,
+                        holdout: float, seed: int, track: bool, tracking_uri: str | None,
+                        register: str | None, alias: str | None,
+                        note: Callable[[str], None], skip_bad: bool) -> dict[str, Any]:
+    """``train --model seq`` on a features dataset partitioned by run, never holding it
+    whole: the parts are scanned (checked; one row per run), the runs split as on the whole
+    frame, the model fitted from the fit runs' parts (``fit_partitioned``) and scored on the
+    held-out runs, the only rows read into one frame."""
+    from bubblecast.dataset.partread import read_runs, scan_runs
+
+    note(f"scanning {features}")
+    scan = scan_runs(features, skip_bad)
+    runs = scan.runs
+    fit_mask, test_mask = _split(runs, "seq", holdout, seed, features)
+    fit_runs = runs if fit_mask is None else runs.loc[fit_mask]
+    test_frame = None if test_mask is None else \
+        read_runs(scan, runs.loc[test_mask, "run_id"].tolist())
+    model = make_model("seq", **(params or {}))
+    note(f"fitting seq on {int(fit_runs['rows'].sum())} rows, streamed from their parts")
+    model.fit_partitioned(features, sorted(fit_runs["run_id"].astype(str)))
+    evaluation, preds, metrics = _score_holdout(model, "seq", test_frame, seed, note)
+    sample = read_runs(scan, fit_runs["run_id"].head(1).tolist()).head(5)
+    fit = {"fit_rows": int(fit_runs["rows"].sum()), "fit_runs": len(fit_runs),
+           "rows": int(runs["rows"].sum()), "runs": len(runs), "sample": sample}
+    result = _finish(model, features, out, scan.meta, test_frame, evaluation, preds, metrics,
+                     fit, holdout, seed, track, tracking_uri, register, alias, note)
+    if skip_bad:
+        result["skipped_runs"] = scan.skipped
     return result
 
 

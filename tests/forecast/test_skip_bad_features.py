@@ -136,9 +136,21 @@ def test_seq_on_parts_fits_as_on_the_frame(features: Path, corrupt: Path,
     params = {"hidden": 8, "epochs": 2, "max_train_rows": 150, "seed": 1}
     on_file = train_model(one, "seq", tmp_path / "a", params=params, track=False)
     assert calls == []
+
+    def whole(*_a: object, **_k: object) -> None:
+        raise AssertionError("the partitioned dataset was read whole")
+
+    monkeypatch.setattr("bubblecast.forecast.training.read_features_skipping", whole)
     on_parts = train_model(features, "seq", tmp_path / "b", params=params, track=False)
     assert len(calls) == 1 and len(calls[0]) == on_parts["runs"] == on_file["runs"]
     assert on_parts["metrics"] == on_file["metrics"] and on_parts["metrics"]
+    assert {k: v for k, v in on_parts.items() if k not in ("out", "fingerprint")} == \
+        {k: v for k, v in on_file.items() if k not in ("out", "fingerprint")}
+    from bubblecast.forecast.modeldir import read_model_json
+
+    held = [read_model_json(tmp_path / m)["dataset"] for m in ("a", "b")]
+    assert held[0]["holdout_runs"] == held[1]["holdout_runs"] and held[0]["holdout_runs"]
+    assert (held[0]["rows"], held[0]["runs"]) == (held[1]["rows"], held[1]["runs"])
     skipped = train_model(corrupt, "seq", tmp_path / "c", params=params, track=False,
                           skip_bad=True)
     assert "sim-2" not in calls[1] and [s["run_id"] for s in skipped["skipped_runs"]] == [
