@@ -49,13 +49,16 @@ def _die_once(marker: str) -> int:
 
 
 def _fail_or_write(item: int, folder: str) -> int:
-    """Item 0 fails soon; item 1 writes a file after a while (a task still running when the
-    map fails)."""
+    """Item 0 fails once item 1 has started; item 1 writes a file after a while (a task
+    still running when the map fails)."""
     import time
 
     if item == 0:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while not Path(folder, "started-1").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         raise ZeroDivisionError("item 0 fails")
+    Path(folder, "started-1").write_text("")
     time.sleep(1.5)
     Path(folder, "written-1").write_text("late")
     return item
@@ -73,7 +76,7 @@ def test_a_failed_map_returns_once_its_running_tasks_stopped(cluster: str,
     with Client(cluster) as client:
         with pytest.raises(ZeroDivisionError):
             DaskExecutor(client, progress=False).map(_fail_or_write, [0, 1], str(tmp_path))
-        assert (tmp_path / "written-1").exists()
+        assert (tmp_path / "started-1").exists() and (tmp_path / "written-1").exists()
 
 
 def _always_die(_item: int) -> int:
