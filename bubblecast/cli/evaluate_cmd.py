@@ -8,7 +8,12 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
-from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option, skipped_into
+from bubblecast.cli.fleet_options import (
+    FEATURES_ONLY,
+    cluster_option,
+    skip_bad_runs_option,
+    skipped_into,
+)
 
 
 @app.command()
@@ -25,9 +30,7 @@ def evaluate(
                                      help="Write forecast-vs-actual PNGs into this directory."),
     seed: int = typer.Option(0, "--seed", help="Seed of the baselines' cross-fitting."),
     cluster: str | None = cluster_option(),
-    skip_bad_runs: bool = typer.Option(
-        False, "--skip-bad-runs", help=skip_bad_runs_option().help
-        + " Of a features dataset partitioned by run; not with --cluster (exit 2)."),
+    skip_bad_runs: bool = skip_bad_runs_option(FEATURES_ONLY),
 ) -> None:
     """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines."""
     from bubblecast.cli.dataset_cmd import progress_notes

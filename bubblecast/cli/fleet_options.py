@@ -17,11 +17,16 @@ def cluster_option() -> typer.models.OptionInfo:
                              "Default: in this process.")
 
 
-def skip_bad_runs_option() -> typer.models.OptionInfo:
-    """``--skip-bad-runs``: leave out unreadable runs of a fleet, listing them."""
+#: What ``train`` and ``evaluate`` add to ``--skip-bad-runs``'s help.
+FEATURES_ONLY = " Of a features dataset partitioned by run; not with --cluster (exit 2)."
+
+
+def skip_bad_runs_option(note: str = "") -> typer.models.OptionInfo:
+    """``--skip-bad-runs``: leave out unreadable runs of a fleet, listing them (``note``
+    appended to the help)."""
     return typer.Option(False, "--skip-bad-runs",
                         help="Skip unreadable runs (listed on stderr and in the JSON) instead "
-                             "of failing.")
+                             "of failing." + note)
 
 
 def local_analysis(file: Path | str, format: str, run: str | None, skip_bad: bool = False,

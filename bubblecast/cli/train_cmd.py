@@ -8,7 +8,7 @@ import typer
 
 from bubblecast.cli import app
 from bubblecast.cli.common import emit_json
-from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option
+from bubblecast.cli.fleet_options import FEATURES_ONLY, cluster_option, skip_bad_runs_option
 
 
 @app.command()
@@ -34,9 +34,7 @@ def train(
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs (seq only)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     cluster: str | None = cluster_option(),
-    skip_bad_runs: bool = typer.Option(
-        False, "--skip-bad-runs", help=skip_bad_runs_option().help
-        + " Of a features dataset partitioned by run; not with --cluster (exit 2)."),
+    skip_bad_runs: bool = skip_bad_runs_option(FEATURES_ONLY),
 ) -> None:
     """Train a forecaster on a features file; report metrics on held-out runs."""
     import tempfile
