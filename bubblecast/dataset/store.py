@@ -90,13 +90,14 @@ def write_features_table(table: Any, meta: FeaturesMeta, path: str | os.PathLike
                                                          write_page_checksum=True))
 
 
-def _read_table(path: str | os.PathLike[str]) -> Any:
-    """One features Parquet file as Arrow, its page checksums verified (files written before
-    they had checksums read as before); one line naming the file when it is corrupt."""
+def _read_table(path: str | os.PathLike[str], columns: list[str] | None = None) -> Any:
+    """One features Parquet file as Arrow (``columns`` only, when given), its page checksums
+    verified (files written before they had checksums read as before); one line naming the
+    file when it is corrupt."""
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
     except (OSError, ValueError) as exc:
         raise BubblecastError(f"{path}: not a readable Parquet file ({exc})") from None
 

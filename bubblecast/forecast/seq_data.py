@@ -31,12 +31,9 @@ from bubblecast.errors import BubblecastError
 
 def _read(part: Path, columns: list[str]) -> pd.DataFrame:
     """Some columns of one part (page checksums verified; one line naming it if corrupt)."""
-    import pyarrow.parquet as pq
+    from bubblecast.dataset.store import _read_table
 
-    try:
-        return pq.read_table(part, columns=columns, page_checksum_verification=True).to_pandas()
-    except (OSError, ValueError) as exc:
-        raise BubblecastError(f"{part}: not a readable Parquet file ({exc})") from None
+    return _read_table(part, columns).to_pandas()
 
 
 def _parts(path: str | os.PathLike[str], runs: list[str] | None) -> tuple[list[Path], Any]:
