@@ -31,41 +31,12 @@ _OPT = 3
 Arrays = Callable[[list[tuple]], RankArrays]
 
 
-def event_columns(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: int,
-                  stage: int, replica: int, host: str, device: str,
-                  offset: float) -> dict[str, Any]:
-    """Events columns of the recorder's rows ``(step, chunk, microbatch, op code, start,
-    duration, layers, tokens)``; ``offset`` maps starts to the run's origin; tokens < 0 are
-    unknown (null)."""
-    import numpy as np
-
-    if not rows:
-        return {}
-    step, chunk, mb, op, t0, dur, layers, tokens = (np.asarray(c)
-                                                     for c in zip(*rows, strict=True))
-    n = len(rows)
-    tokens = tokens.astype(np.int64)
-    if tokens.min() < 0:  # unknown: null (pandas nullable integers)
-        import pandas as pd
-
-        tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
-    return {
-        "run_id": [run_id] * n, "step": step.astype(np.int64),
-        "rank": np.full(n, rank, np.int32), "stage": np.full(n, stage, np.int32),
-        "replica": np.full(n, replica, np.int32), "chunk": chunk.astype(np.int32),
-        "microbatch": mb.astype(np.int32), "op": np.asarray(ops)[op],
-        "start_s": t0.astype(np.float64) + offset, "duration_s": dur.astype(np.float64),
-        "layers": layers.astype(np.int32), "tokens": tokens,
-        "host": [host] * n, "device": [device] * n,
-    }
-
-
 def event_arrays(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: int,
                  stage: int, replica: int, host: str, device: str,
                  offset: Any) -> RankArrays:
     """The recorder's rows ``(step, chunk, microbatch, op code, start, duration, layers,
-    tokens)`` as :class:`RankArrays` (the values :func:`event_columns` gives, op codes mapped
-    to SPEC ``OPS``); ``offset`` (a number or one per row) maps starts to the run's origin."""
+    tokens)`` as :class:`RankArrays` (op codes mapped to SPEC ``OPS``); ``offset`` (a number
+    or one per row) maps starts to the run's origin."""
     import numpy as np
 
     step, chunk, mb, op, t0, dur, layers, tokens = (np.asarray(c)
@@ -78,6 +49,28 @@ def event_arrays(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: 
         start_s=t0.astype(np.float64) + offset, duration_s=dur.astype(np.float64),
         layers=layers.astype(np.int32), tokens=tokens.astype(np.int64),
         host=host, device=device)
+
+
+def event_columns(arrays: RankArrays) -> dict[str, Any]:
+    """``arrays`` as events columns (a DataFrame's, SPEC names and dtypes; tokens < 0, unknown,
+    as nulls)."""
+    import numpy as np
+
+    n = len(arrays)
+    tokens: Any = arrays.tokens
+    if tokens is not None and n and tokens.min() < 0:  # unknown: pandas nullable integers
+        import pandas as pd
+
+        tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
+    return {
+        "run_id": [arrays.run_id] * n, "step": arrays.step,
+        "rank": np.full(n, arrays.rank, np.int32), "stage": np.full(n, arrays.stage, np.int32),
+        "replica": np.full(n, arrays.replica, np.int32), "chunk": arrays.chunk,
+        "microbatch": arrays.microbatch, "op": np.asarray(SPEC_OPS)[arrays.op],
+        "start_s": arrays.start_s, "duration_s": arrays.duration_s,
+        "layers": arrays.layers, "tokens": tokens,
+        "host": [arrays.host] * n, "device": [arrays.device] * n,
+    }
 
 
 class StepView:

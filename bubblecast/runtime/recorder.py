@@ -337,12 +337,6 @@ class Recorder:
                                              "total_s": fwd * ratio})
 
     # -- output -------------------------------------------------------------------------
-    def _columns(self, rows: list[tuple]) -> dict[str, Any]:
-        shift = clocks.offsets_by_step(tuple(self._segments), rows)  # read by the writer thread
-        return event_columns(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
-                             replica=self.replica, host=self.host, device=self.device,
-                             offset=self._offset + shift)
-
     def _arrays(self, rows: list[tuple]) -> Any:
         shift = clocks.offsets_by_step(tuple(self._segments), rows)  # read by the writer thread
         return event_arrays(rows, _OPS, run_id=self.run_id, rank=self.rank, stage=self.stage,
@@ -354,7 +348,8 @@ class Recorder:
         import pandas as pd
 
         self._resolve()
-        return pd.DataFrame(self._columns(self._kept + self._rows))
+        rows = self._kept + self._rows
+        return pd.DataFrame(event_columns(self._arrays(rows)) if rows else {})
 
     def flush(self) -> None:
         """Hand the buffered rows to the writer (or keep them, without an events_dir)."""

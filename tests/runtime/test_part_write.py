@@ -35,7 +35,7 @@ def _rows(steps: int = 30, tokens: int = 16) -> list[tuple]:
 
 def _old_path(rows: list[tuple], path: Path) -> None:
     """What PartWriter wrote before: a DataFrame, from_frame (validates), write_events."""
-    frame = pd.DataFrame(event_columns(rows, OPS, **KW))
+    frame = pd.DataFrame(event_columns(event_arrays(rows, OPS, **KW)))
     write_events(from_frame(frame, {"run-x": META}, str(path)), path, validate=False)
 
 
