@@ -96,10 +96,10 @@ def _state(req: RecommendRequest, speeds: np.ndarray, costs: np.ndarray) -> Poli
                                    parallel_links=mig.parallel_links)
     t = speeds.shape[0] - 1
     last = None if req.steps_since_action is None else t - req.steps_since_action
+    shape = request_shape(pipe)
     return PolicyState(t=t, history=speeds, partition=tuple(req.partition), costs=costs,
-                       pipeline=request_shape(pipe),
-                       migration=MigrationCost.for_shape(param_bytes, constants,
-                                                         request_shape(pipe)),
+                       pipeline=shape,
+                       migration=MigrationCost.for_shape(param_bytes, constants, shape),
                        last_action=last)
 
 

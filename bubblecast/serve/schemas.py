@@ -32,9 +32,8 @@ MAX_WORK = 1e12  # work units (layer cost, tokens) per value
 #: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), the first
 #: five in the order the OpenAPI schema always listed them, then the multi-chunk ones (zbv,
 #: dualpipev, ...). ``torch:``/``csv:`` sources are not accepted over HTTP (no files).
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2") + tuple(
-    name for name in SCHEDULE_TABLE
-    if name not in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"))
+_FIRST = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+SCHEDULES: tuple[str, ...] = _FIRST + tuple(n for n in SCHEDULE_TABLE if n not in _FIRST)
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 PositiveWork = Annotated[float, Field(gt=0.0, le=MAX_WORK, allow_inf_nan=False)]
