@@ -9,7 +9,6 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
-from bubblecast.policy.guard import GuardConfig
 from bubblecast.policy.policies import PolicyState, PredictivePolicy, ReactivePolicy
 from bubblecast.runtime.control.config import ControllerConfig, make_policy
 from bubblecast.runtime.control.forecasters import load_forecaster
@@ -142,9 +141,8 @@ def test_relative_forecast_rarely_moves_on_stationary_bursty_speeds() -> None:
     4, the same trend forecaster on per-rank speeds on at least 40 (measured: 3 and 46). With
     the live guard on, the relative one still moves on at most 4 (measured 4) and the guard
     cuts the per-rank one's false moves to at most 12 (measured 10)."""
-    off = {"enabled": False, "confirm": 1, "max_moves": 0}
-    if "persistence" in GuardConfig.__dataclass_fields__:
-        off["persistence"] = False  # the payback cut to the slowdown's age: off too
+    off = {"enabled": False, "confirm": 1, "max_moves": 0,
+           "persistence": False}  # the payback cut to the slowdown's age: off too
 
     def moved(forecaster_factory, guard: dict | None = None) -> int:
         params = predictive_params({} if guard is None else {"guard": guard}, 10)

@@ -167,12 +167,8 @@ def live_forecaster() -> RawHistoryForecaster:
 def predictive_params(params: dict[str, Any], every: int) -> dict[str, Any]:
     """``PredictivePolicy`` keyword arguments of the live loop: the defaults above (``hold``
     in steps: ``hold_decisions`` x ``every``), then ``params``."""
-    from bubblecast.policy.guard import GuardConfig
-
     d = LIVE_POLICY_DEFAULTS
-    guard: dict[str, Any] = {"confirm": d["confirm_decisions"]}
-    if "persistence" in GuardConfig.__dataclass_fields__:
-        guard["persistence"] = d["persistence"]
+    guard = {"confirm": d["confirm_decisions"], "persistence": d["persistence"]}
     out = {"min_gain": d["min_gain"], "hold": d["hold_decisions"] * every,
            "min_history": d["min_history"], "guard": guard, "decide_every": every}
     out.update(params)
