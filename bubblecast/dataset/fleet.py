@@ -8,10 +8,10 @@ same vectorised code as the in-process path (:func:`build_dataset`), and writes 
 run. Only row counts, row hashes and run info come back; :func:`build_partitioned` reduces them
 into the dataset's metadata. Rows, fingerprint and metadata equal the in-process build's.
 
-Per-run fixed costs are what made this path slower than one process (measured with
-``benchmarks/bench_fleet.py``): reading, validating and concatenating each run apart (now one
-scan and one validation per group) and the Parquet writer's per-column set-up for each small
-part (now dictionary encoding only for the string columns, as for events files).
+Per-run fixed costs are paid per group instead: one scan and one validation per group rather
+than reading, validating and concatenating each run apart, and each small part is written with
+dictionary encoding only for the string columns, as events files are, to keep the Parquet
+writer's per-column set-up small (``benchmarks/bench_fleet.py`` times this path).
 """
 
 from __future__ import annotations

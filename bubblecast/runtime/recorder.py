@@ -8,7 +8,7 @@ CUDA) each op records two events on the stage's current stream instead, and the 
 events until they are resolved in one batch at a flush (or at a step end that needs the
 durations: step hooks, per-layer cost sampling): no synchronize per op. A background thread
 turns the buffer into a validated events part every ``flush_every`` steps (and no sooner than
-``min_part_s`` seconds after the previous part: a part costs ~10 ms of CPU whatever its
+``min_part_s`` seconds after the previous part: most of a part's CPU cost is fixed whatever its
 size, so fast steps get fewer, larger parts). Timestamps are ``perf_counter`` values (device
 times mapped onto it) relative to a run origin broadcast by rank 0, on rank 0's clock (the
 offset of :mod:`bubblecast.runtime.clock`, estimated at start and every ``clock_every`` steps).

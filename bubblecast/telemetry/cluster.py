@@ -32,10 +32,9 @@ _SPEC = re.compile(r"^(?:local:(?P<n>\d+)|(?P<addr>tcp://[^\s:/]+:\d+))$")
 #: Dask settings of the local clusters bubblecast starts (:func:`local_cluster`). Dask's nanny
 #: sets ``MALLOC_TRIM_THRESHOLD_=65536`` in its workers so that freed memory goes back to the
 #: system at once; that also fixes glibc's mmap threshold, so every array over 128 KiB is a
-#: fresh mapping: on the dataset build 15x the page faults and 27% more CPU than in process
-#: (250 runs: 0.85 -> 2.19 s of system time). A task's memory is bounded by its group of runs
-#: anyway, so workers keep glibc's default. The statistical profiler (100 stack samples a
-#: second per worker) is off: 3-5% of a worker's CPU on the same build.
+#: fresh mapping, paid in page faults and system time on every build. A task's memory is
+#: bounded by its group of runs anyway, so workers keep glibc's default. The statistical
+#: profiler (periodic stack samples in every worker) is off: it takes worker CPU.
 LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
     "distributed.worker.profile.enabled": False,

@@ -1,8 +1,8 @@
 """A group of fleet runs read at once: one Arrow dataset scan, one validation.
 
 Reading a fleet run by run (:func:`bubblecast.telemetry.io.read_events` per run directory)
-costs about 10 ms of fixed work per run (footer, frame assembly, a validation pass and a
-concat), as much as building that run's features. A worker of a partitioned build reads its
+pays fixed work per run (footer, frame assembly, a validation pass and a concat), which
+dominates for small runs. A worker of a partitioned build reads its
 whole group of runs here instead: every part's footer is read (schemas and run metadata), the
 parts are scanned as one ``pyarrow.dataset`` (strings kept dictionary-encoded, page checksums
 verified) into one frame, and that frame is validated once. The result equals reading the

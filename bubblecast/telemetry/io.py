@@ -1,29 +1,27 @@
 """Parquet I/O for ``events``: files or directories, run metadata, atomic writes.
 
-Parquet settings (:func:`parquet_options`), chosen for write speed at a modest size, since
-writing events is most of what ``simulate`` spends its time on (measured with
-``benchmarks/bench_write.py``: 2.5M simulated events, process CPU time of the Parquet write):
+Parquet settings (:func:`parquet_options`) favour write speed at a modest size, since writing
+events is most of what ``simulate`` spends its time on (``benchmarks/bench_write.py`` times
+them):
 
 - **Dictionary encoding only for the string columns** (``run_id``, ``op``, ``host``...). They
   reach Arrow as dictionary arrays built from the pandas categorical codes, so they are
   never turned into Python strings, and the writer stores their few values once plus
   run-length-encoded indices. Integer and float columns are written PLAIN: hashing every
-  value into a dictionary cost 15-25 ms per integer column, LZ4 on the plain values costs
-  6-10 ms; files grow by 1% (jitter) to 10% (mixed scenario, whose ``speed`` varies).
+  value into a dictionary costs more write time than it saves in bytes.
 - **Compression**: LZ4 (the fastest codec Parquet readers all support) on every column but
   the float times ``start_s``, ``duration_s`` and ``wait_s``, whose mantissas are noise to a
-  general-purpose codec: LZ4 or zstd save 0-30% of them for 20-60% more write time.
-  zstd everywhere makes files about 25% smaller and the write about 2x slower.
+  general-purpose codec (little saved for much more write time). zstd would make files
+  smaller and the write slower.
 - **No statistics for ``op``**: its per-row-group min/max (always about "B".."F") select
-  nothing and took 10% of the write; every other column keeps them.
+  nothing; every other column keeps them.
 - **Row groups** of 1Mi rows (pyarrow's default, stated so it cannot drift): big enough for
   run-length encoding, small enough that a reader can read row groups in parallel.
-- **Write batches of 64Ki rows** (``write_batch_size``; pyarrow's default is 1024): the
-  writer's per-batch work (statistics of the dictionary columns, page-size checks) ran 10k
-  times per 10M rows; at 64Ki it cost 0.49 instead of 0.58 s of CPU for 10.24M simulated
-  events, the same bytes (pages may run up to one batch past the 1 MiB page size).
+- **Write batches of 64Ki rows** (``write_batch_size``; pyarrow's default is 1024): fewer
+  rounds of the writer's per-batch work (statistics of the dictionary columns, page-size
+  checks) for the same bytes (pages may run up to one batch past the 1 MiB page size).
 - **Page checksums** (CRC32) are written and verified on read, so a corrupted page is an
-  error naming the file, never silently different numbers (issue 16); they cost about 2%.
+  error naming the file, never silently different numbers.
 """
 
 from __future__ import annotations

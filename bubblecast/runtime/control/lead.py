@@ -24,13 +24,13 @@ one without a lead.
 
 The device constants (ambient, threshold, ``tau`` and ``ramp_steps`` in steps) are those of the
 emulated device (:mod:`bubblecast.runtime.inject`, :meth:`ThermalLead.for_injections`: its
-clock steps down over the fault's ``ramp``; its ``tau`` follows the
-fault's lead, so the emulated device's own is used: with a fixed guess of 150 steps a 2x fault
-with a 30-step lead was read as 1.82-1.9x); on real GPUs they are the device's own (NVML reports
-the slowdown temperature; ``tau`` is measured once per device model). :attr:`ThermalLead.onset`
-is the step each rank was first predicted to throttle: the controller lets the lead's first move
-through the hold after an earlier move (the hold guards against reacting to noise twice, not
-against a new, announced fault).
+clock steps down over the fault's ``ramp``, and its ``tau`` follows the fault's lead, so the
+emulated device's own is used rather than a fixed guess, which misreads the slowdown ``f``); on
+real GPUs they are the device's own (NVML reports the slowdown temperature; ``tau`` is
+measured once per device model). :attr:`ThermalLead.onset` is the step each rank was first
+predicted to throttle: the controller lets the lead's first move through the hold after an
+earlier move (the hold guards against reacting to noise twice, not against a new, announced
+fault).
 """
 
 from __future__ import annotations

@@ -3,76 +3,42 @@ speeds, live forecaster and hysteresis defaults the live policies read. No torch
 on its own).
 
 **Telemetry.** Every rank keeps, per step, the sum of its compute-op (F, B, W) durations, read
-from the recorder's public step hook at each step end (:class:`StepProbe`: a few tuple reads
-per step, no allocation beyond one float). At a control boundary one ``all_gather`` of a small
-float64 tensor per rank (``[n, compute of the last K steps, new per-layer forward and total
-cost samples]``, ``1 + K + 2L`` values) brings everything to rank 0, where :class:`History`
-keeps the series the policies read: per-step compute per rank, the partition and micro-batch
-count in force at each step, and per-layer cost samples.
+from the recorder's public step hook at each step end (:class:`StepProbe`). At a control
+boundary one ``all_gather`` of a small float64 vector per rank (:func:`pack`: ``[n, compute of
+the last K steps, per-layer forward cost x L, per-layer total cost x L, temperature]``,
+``2 + K + 2L`` values) brings everything to rank 0, where :class:`History` keeps the series the
+policies read: per-step compute per rank, the partition and micro-batch count in force at each
+step, and per-layer cost samples.
 
-The policies' *speed* is compute seconds per unit of load, per micro-batch:
+**Speed.** Compute seconds per unit of load, per micro-batch:
 ``compute[t, r] / (M_t x (fixed + cost held by r at t))``. Layer costs come from each layer's
-first ``cost_samples`` samples, then are frozen, so that a rank that slows down later shows up in
-its speed, not in the costs of the layers it holds. ``fixed`` is the runtime's per-op cost that
-does not move with the layers (per micro-batch: the compute ops' time beyond the sum of the
-layer forwards timed inside them, scaled by the op's backward ratio): the median over the steps
-seen until the costs freeze of ``compute / M - held``, the smallest over the ranks (a rank slow
-from the start must not pass its slowdown off as overhead), then frozen with the costs
-(:meth:`History.fixed`). On the live CPU runtime (MLP width 512, batch 64, 4 micro-batches)
-``bubblecast collect`` runs put it at 0.1-1.0 ms per micro-batch against about 0.8 ms per layer,
-and ``benchmarks/bench_live.py`` runs learnt 0.5-1.6 ms (it also takes in the contention of a
-loaded machine: the layer samples time one layer's forward at a time). Without it a rank's speed
-per unit of layer cost shifts when its share changes, so a policy moved 6|6 -> 8|4, saw the
-slow rank slower per layer there and stepped on to 9|3; with it, and the engine scoring the
-best split's one-layer neighbours (``PolicyState.neighbours``: the pipeline's fill and drain
-favour 9|3 over the bottleneck's 8|4), the predictive policy aims at 9|3 in one move.
+first ``cost_samples`` samples and are then frozen, so a rank that slows down later shows up in
+its speed, not in the costs of the layers it holds. ``fixed`` (:meth:`History.fixed`) is the
+per-micro-batch cost that does not move with the layers (the compute ops' time beyond the layer
+forwards timed inside them): per rank the median of ``compute / M - held`` over the recent
+steps, then the smallest over the ranks (a rank slow from the start must not pass its slowdown
+off as overhead), frozen once the costs are. It keeps a rank's speed per unit of layer cost
+from shifting when its share changes.
 
-**Robust speeds.** Live step times on a shared CPU machine are noisy (one descheduled op
-stretches a rank's step by 50 % and more; ``benchmarks/results/live.json``), so a policy that
-reads the last step, or a 10-step mean, reacts to noise: it thrashes, and a 5 % threshold sits
-below the noise.
+**Robust speeds and the live forecaster.**
 
-- :func:`robust_speeds`: each rank's speed (compute seconds per unit of layer cost held, per
-  micro-batch: already normalised by what the rank holds, so it does not jump when layers
-  move) passed through a *causal* running median of ``smooth`` steps. An isolated spike never
-  reaches the policy; a real change shows after ``smooth // 2 + 1`` steps; a ramp is delayed
-  by ``smooth // 2`` steps and keeps its slope. Both the reactive and the predictive policy
-  read this series, so the comparison is fair.
+- :func:`robust_speeds`: each rank's speed through a *causal* running median of ``smooth``
+  steps: an isolated spike never reaches a policy, a real change shows after
+  ``smooth // 2 + 1`` steps, a ramp is delayed by ``smooth // 2`` steps and keeps its slope.
+  The reactive and the predictive policy both read this series.
 - :class:`RawHistoryForecaster` / :func:`live_forecaster`: the predictive policy's built-in
-  forecaster is the policy module's :class:`TrendForecaster`, which does its own robust
-  aggregation (running-median clipping, BIC segmentation, MAD quantiles) and whose trend
-  significance test needs independent noise: it reads the *raw* per-step speeds (a
-  median-smoothed series has correlated residuals and shows trends that are not there), set
-  before each decision, and only those since the partition last changed
-  (:func:`since_last_move`): with a fixed per-rank overhead, a rank's speed per unit of work
-  shifts when its share changes, and a trend line across a move would extrapolate that shift.
-- Relative speeds (``relative=True``, the live default): load bursts of this shared machine
-  slow *both* ranks (unevenly), and a per-rank trend test then keeps one rank's burst-made
-  trend or level shift and not the other's: a fake imbalance (live false alarms at steps 32
-  and 52 in earlier runs; on seeded bursty stationary series the per-rank forecaster moved on
-  46 of 48, the relative one on 3). The forecaster reads each rank's speed
-  relative to the ranks' geometric mean (what the partition choice depends on; a common
-  load swing cancels) and scales it back by the recent median common level.
+  forecaster (the policy module's :class:`TrendForecaster`, which aggregates robustly itself
+  and whose trend test needs independent noise) reads the *raw* per-step speeds, set before
+  each decision, and only those since the partition last changed (:func:`since_last_move`), so
+  a trend line never spans a move; a :class:`~.lead.ThermalLead`, when set, adjusts the
+  forecast. With ``relative=True`` (the live default) it forecasts each rank's speed relative
+  to the ranks' geometric mean, so a load swing common to all ranks cancels, and scales the
+  forecast back by the median common level of the last :data:`LEVEL_WINDOW` steps.
 - :data:`LIVE_POLICY_DEFAULTS`: the predictive policy's hysteresis in the live loop: no
-  decision before ``min_history`` steps, a move must gain ``min_gain`` per step (above the
-  noise of a window median), then the policy holds ``hold_decisions`` decision periods: 1, as
-  long as the reactive policy's cooldown (10 steps), since while the forecast guard distrusts
-  the forecaster the predictive policy acts as reactive, and with 2 it followed a plain ramp
-  10 steps behind reactive at each step (bench_live: 7|5, 8|4, 9|3 at 132/162/192 against
-  132/152/172); the guard's move budget, ``min_gain`` and the moves' payback test bound the
-  moves instead (seeded noisy ramps: the same moves as with 2 on 5 of 6, one 10 steps
-  earlier on the sixth; never back and forth). The guard's ``persistence`` payback cut (a
-  move must pay back, the move back included, within the steps the slowdown has lasted so far)
-  is off live: on the plain ramp it held the first response back a decision period ("saving
-  0.057 s over 18 steps (rank 1 slow for 18 steps so far) does not pay back migration and
-  back": 142 against reactive's 132), while the relative forecaster already cancels the
-  shared machine's load bursts it guards against. A forecast-driven move needs ``confirm_decisions``
-  consecutive decisions agreeing (the forecast guard's ``confirm``): 1 live, since each more
-  costs a decision period (10 steps at ``every`` 10; 5, its offline default, would be 50,
-  longer than a thermal lead) and the window medians and ``min_gain`` already stop one-off
-  moves (seeded bursty stationary series: false moves on 4 of 48 with 1, 2 or 5; noisy ramps:
-  first move by 130 on 6 of 6 seeds with 1, at 140 on 2 of them with 2).
-
+  decision before ``min_history`` steps; a move must gain ``min_gain`` per step; after a move
+  the policy holds ``hold_decisions`` decision periods; a forecast-driven move needs
+  ``confirm_decisions`` consecutive agreeing decisions; the forecast guard's ``persistence``
+  payback cut is off. Explicit ``policy_params`` override them (:func:`predictive_params`).
 """
 
 from __future__ import annotations
@@ -218,8 +184,8 @@ def pack(compute: list[float], every: int, samples: list[dict[str, Any]],
 
 def unpack(rows: np.ndarray, every: int, layers: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gathered ``(P, 1 + every + 2L)`` -> compute ``(n, P)``, forward ``(P, L)``, total
-    ``(P, L)`` (NaN where a rank sent no sample)."""
+    """Gathered ``(P, 2 + every + 2L)`` rows of :func:`pack` -> compute ``(n, P)``, forward
+    ``(P, L)``, total ``(P, L)`` (NaN where a rank sent no sample)."""
     counts = rows[:, 0].astype(np.int64)
     n = int(counts.min()) if len(counts) else 0
     compute = rows[:, 1:1 + n].T.copy()
