@@ -57,11 +57,13 @@ def test_interleaved_complete_and_deadlock_free(p, k, v):
 
 def test_paper_table5_bubble_rates():
     p, m = 8, 24
-    assert bubble_fraction("1f1b", p, m, **PAPER) == pytest.approx(0.2431, abs=0.002)
-    assert bubble_fraction("zb-h1", p, m, **PAPER) == pytest.approx(0.1585, abs=0.002)
-    # Megatron's interleaved order under the SPEC's communication model gives 0.1090 (the
-    # wrap from the last rank back to the first rank pays comm too); the paper reports 0.1055.
-    assert bubble_fraction("interleaved", p, m, **PAPER, v=3) == pytest.approx(0.1055, abs=0.004)
+    # README's table and SPEC §2 print these to 4 decimals; so does the paper's Table 5
+    assert round(bubble_fraction("1f1b", p, m, **PAPER), 4) == 0.2431
+    assert round(bubble_fraction("zb-h1", p, m, **PAPER), 4) == 0.1585
+    # Megatron's interleaved order under the SPEC's communication model gives 0.1090 (SPEC §2:
+    # the wrap from the last rank back to the first pays comm for every microbatch); the
+    # paper's 0.1055 enforces that dependency only for microbatch % p == 0.
+    assert round(bubble_fraction("interleaved", p, m, **PAPER, v=3), 4) == 0.1090
     # every zero-bubble schedule beats 1F1B, and the parallelogram (ZB-H2) beats ZB-H1
     assert bubble_fraction("zb-h2", p, m, **PAPER) < bubble_fraction("zb-h1", p, m, **PAPER)
     assert round(bubble_fraction("zb-h2", p, m, **PAPER), 4) == 0.1083
