@@ -108,8 +108,9 @@ def test_logged_run_without_ground_truth_is_replayed_and_says_so(megatron_trace)
     assert result["mode"] == "replay-rescaled"
     assert "replay" in result["note"] and "assumed 8 equal layers" in result["note"]
     static, oracle = result["policies"]["static"], result["policies"]["oracle"]
-    # The replayed static run is the replay of the trace (the authors' simulator: 2.173 s).
-    assert static["step_s"] == pytest.approx(2.173, rel=0.03)
+    # The replayed static run is the replay of the trace: README's mean replayed step, 2.175 s
+    # (the authors' simulator: 2.173 s).
+    assert round(static["step_s"], 3) == 2.175
     # Stage 3 carries ~1.6x the others' compute: rebalancing pays.
     assert oracle["speedup_vs_static"] > 1.05
 

@@ -2,7 +2,9 @@
 
 Reference figures from the data README: the what-if paper's own simulator replays a mean step
 of 2.173 s (median error 1.9%, launch delays removed) and gives fix_bottleneck 1.227,
-ideal 1.179 and balanced 1.156 for the SPEC §3 definitions.
+ideal 1.179 and balanced 1.156 for the SPEC §3 definitions. README's table prints bubblecast's
+own figures beside them (2.175 s, 1.78%, 1.227, 1.178, 1.157); the tests pin those to the
+printed precision and keep the speed-ups within 1.5 units of the authors' third decimal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from bubblecast.sim.whatif import whatif
 from bubblecast.telemetry.importers import load_events
 
 PAPER = {"fix_bottleneck": 1.227, "ideal": 1.179, "balanced": 1.156}
+#: README's "bubblecast" column for the same speed-ups (3 decimals).
+README = {"fix_bottleneck": 1.227, "ideal": 1.178, "balanced": 1.157}
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +36,19 @@ def result(trace):
 
 
 def test_replay_error_and_mean_step(result):
-    assert result["replay_error"] <= 0.02
-    assert result["replayed_step_s"] == pytest.approx(2.173, rel=0.02)
-    assert result["observed_step_s"] == pytest.approx(2.2144, rel=1e-3)
+    # README: median replay error 1.78% (authors 1.9%), mean replayed step 2.175 s (2.173 s)
+    assert round(100 * result["replay_error"], 2) == 1.78
+    assert round(result["replayed_step_s"], 3) == 2.175
+    assert abs(result["replayed_step_s"] - 2.173) <= 0.003
+    assert round(result["observed_step_s"], 4) == 2.2144
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_speedups_match_the_what_if_paper(result, name):
-    assert result["scenarios"][name]["speedup"] == pytest.approx(PAPER[name], rel=0.05)
+    speedup = result["scenarios"][name]["speedup"]
+    assert round(speedup, 3) == README[name]
+    # the authors' printed figure, to within 1.5 units of its last (third) decimal
+    assert abs(speedup - PAPER[name]) <= 0.0015
 
 
 def test_no_slow_ranks_and_bottleneck_is_the_last_stage(trace, result):
@@ -49,9 +58,14 @@ def test_no_slow_ranks_and_bottleneck_is_the_last_stage(trace, result):
     assert result["scenarios"]["no_slow_ranks"]["speedup"] == 1.0
     assert summary["steps"] == 32 and summary["replicas"] == 2 and summary["stages"] == 4
     stage3 = summary["per_stage"][3]
-    assert stage3["busy_s"] > 1.5 * summary["per_stage"][0]["busy_s"]
+    others = np.mean([s["busy_s"] for s in summary["per_stage"][:3]])
+    # README: stage 3 has 1.63x the compute of the others; bubble 0.514 = 0.431 structural +
+    # 0.083 dynamic
+    assert round(stage3["busy_s"] / others, 2) == 1.63
     assert stage3["bubble_fraction"] < summary["per_stage"][0]["bubble_fraction"]
-    assert 0 < summary["structural_bubble_fraction"] < summary["bubble_fraction"] < 1
+    assert round(summary["bubble_fraction"], 3) == 0.514
+    assert round(summary["structural_bubble_fraction"], 3) == 0.431
+    assert round(summary["dynamic_bubble_fraction"], 3) == 0.083
 
 
 def test_exchanges_are_modelled_as_the_trace_shows(trace):
@@ -83,6 +97,6 @@ def test_launch_delays_make_the_replay_exact(trace):
 def test_cli_on_the_trace(megatron_trace, capsys):
     assert main(["whatif", str(megatron_trace), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["scenarios"]["fix_bottleneck"]["speedup"] == pytest.approx(1.227, rel=0.05)
+    assert round(out["scenarios"]["fix_bottleneck"]["speedup"], 3) == README["fix_bottleneck"]
     assert main(["inspect", str(megatron_trace), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bottleneck_stage"] == 3
