@@ -1,0 +1,414 @@
+"""THE per-step work planner: which documents go into which micro-batch of which data-parallel
+replica, in what order, and how many micro-batches each replica runs.
+
+Framework-neutral: it takes a step's document lengths (what the data loader holds), a
+:class:`~bubblecast.sim.documents.WorkCost` (a learned cost model's coefficients, the true
+costs for the oracle, or ``WorkCost(per_token=1)`` for token balancing) and optional per-replica
+speed multipliers (forecast; 1.5 = 50% slower), and returns a :class:`WorkPlan`. Every document
+is placed exactly once, no micro-batch exceeds the token budget and the micro-batch total stays
+``replicas * microbatches``: the step trains on exactly its documents.
+
+How (:func:`plan_batch`):
+
+1. **Micro-batches per replica** (GREYHOUND's S2). A replica with ``M_r`` micro-batches of
+   load ``c`` at speed ``s_r`` takes about ``s_r * c * (M_r + P - 1)`` under 1F1B-like
+   schedules (``P`` stages: fill and drain), so with loads free to adapt all replicas finish
+   together at ``C / sum_r M_r / (s_r (M_r + P - 1))``. Counts maximise that sum (concave in
+   each ``M_r``: greedy marginal allocation is exact), within the schedule's rules.
+2. **Packing**: a replica's time is about ``s_r * (sum of its loads + (P - 1) * its
+   heaviest load)`` (exact for 1F1B with equal stages). Documents by decreasing cost each go
+   to the replica whose time grows least, into its least-loaded micro-batch with room (LPT
+   with capacities); then single documents move out of the slowest replica while that
+   lowers the slowest replica's time.
+3. **Order** within each replica: the candidate orders (as packed, ascending, cheapest at
+   both ends) are timed with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan
+   with rebalanced counts is kept only where steptime predicts it faster than equal counts.
+
+If packing cannot place a document (no micro-batch has room), the plan falls back to the data
+loader's packing and says so in :attr:`WorkPlan.fallback` -- never silently.
+:func:`plan_static` is the data loader's own plan (sequential first-fit, in order, replica
+``r`` taking micro-batches ``r*M .. r*M+M-1``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bubblecast.errors import BubblecastError
+from bubblecast.sim.documents import WorkCost, check_lengths, microbatch_stats, next_fit
+from bubblecast.sim.schedules import check_schedule
+from bubblecast.sim.steptime import op_durations, step_times, timing_shape
+
+#: Token balancing, the hand-written heuristic (verl, fairseq, Megatron's packed sequences).
+TOKENS = WorkCost(per_token=1.0)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The step's shape: ``replicas`` data-parallel pipelines of ``stages`` stages under
+    ``schedule``, ``microbatches`` micro-batches each by default (``replicas * microbatches``
+    in total, always), each at most ``token_budget`` tokens. ``kind_weights`` splits a
+    micro-batch's cost over F, B and W (as ``--f/--b/--w``) for the step-time check.
+    ``rebalance_counts``: let replicas run different numbers of micro-batches;
+    ``refine_moves``: the most single-document moves after packing."""
+
+    token_budget: int
+    replicas: int = 1
+    microbatches: int = 8
+    stages: int = 1
+    schedule: str = "1f1b"
+    kind_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    rebalance_counts: bool = True
+    min_microbatches: int = 1
+    refine_moves: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "replicas", "microbatches", "stages", "min_microbatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise BubblecastError(f"{name}: must be an integer >= 1, got {value!r}")
+        if self.min_microbatches > self.microbatches:
+            raise BubblecastError(f"min_microbatches: {self.min_microbatches} is above "
+                                  f"microbatches {self.microbatches}")
+        if not isinstance(self.refine_moves, int) or self.refine_moves < 0:
+            raise BubblecastError(f"refine_moves: must be an integer >= 0, "
+                                  f"got {self.refine_moves!r}")
+        weights = tuple(float(x) for x in self.kind_weights)
+        if len(weights) != 3 or min(weights) < 0 or sum(weights) <= 0:
+            raise BubblecastError(f"kind_weights: three numbers >= 0, not all 0, "
+                                  f"got {self.kind_weights}")
+        object.__setattr__(self, "kind_weights", weights)
+        name, _ = check_schedule(self.schedule, self.stages, self.microbatches, 1)
+        object.__setattr__(self, "schedule", name)
+
+    @property
+    def total(self) -> int:
+        """Micro-batches per step over all replicas."""
+        return self.replicas * self.microbatches
+
+    def counts_ok(self, m: int) -> bool:
+        """Whether a replica may run ``m`` micro-batches under the schedule."""
+        if m < self.min_microbatches:
+            return False
+        try:
+            check_schedule(self.schedule, self.stages, m, 1)
+        except BubblecastError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    """One step's plan. ``microbatches[r][j]``: indices (into the step's lengths) of the
+    documents of replica ``r``'s ``j``-th micro-batch, in run order. ``cost[r][j]``: that
+    micro-batch's cost under the planner's :class:`WorkCost`; ``predicted_step``: the step's
+    predicted time in cost units x speed (None for the loader's plan); ``fallback``: why the
+    plan is the loader's instead of a planned one (None when planned)."""
+
+    microbatches: tuple[tuple[tuple[int, ...], ...], ...]
+    cost: tuple[tuple[float, ...], ...] = ()
+    predicted_step: float | None = None
+    fallback: str | None = None
+    method: str = "balance"
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> list[int]:
+        """Micro-batches per replica."""
+        return [len(r) for r in self.microbatches]
+
+    def assignment(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each of the ``n`` documents' ``(replica, global micro-batch slot)``; slots number the
+        plan's micro-batches replica by replica, in run order."""
+        replica = np.full(n, -1, dtype=np.int64)
+        slot = np.full(n, -1, dtype=np.int64)
+        k = 0
+        for r, mbs in enumerate(self.microbatches):
+            for docs in mbs:
+                idx = np.asarray(docs, dtype=np.int64)
+                replica[idx], slot[idx] = r, k
+                k += 1
+        return replica, slot
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "counts": self.counts,
+                "microbatches": [[list(mb) for mb in r] for r in self.microbatches],
+                "cost": [list(c) for c in self.cost], "predicted_step": self.predicted_step,
+                "fallback": self.fallback}
+
+
+def _speeds(speeds: Any, replicas: int, stages: int) -> np.ndarray:
+    """Per-rank time multipliers ``(replicas, stages)`` from None, ``(R,)`` or ``(R, P)``."""
+    if speeds is None:
+        return np.ones((replicas, stages))
+    s = np.asarray(speeds, dtype=np.float64)
+    if s.ndim == 1 and s.shape == (replicas,):
+        s = np.repeat(s[:, None], stages, axis=1)
+    if s.shape != (replicas, stages):
+        raise BubblecastError(f"speeds: expected {replicas} values (one per replica) or "
+                              f"{replicas}x{stages}, got shape {s.shape}")
+    if not np.all(np.isfinite(s)) or (s <= 0).any():
+        raise BubblecastError("speeds: must be finite and > 0")
+    return s
+
+
+def replica_counts(speeds: np.ndarray, config: PlanConfig) -> list[int]:
+    """Micro-batches per replica maximising ``sum_r M_r / (s_r (M_r + P - 1))`` with
+    ``sum M_r = replicas * microbatches`` (step 1 of the module doc); ``speeds`` ``(R,)``."""
+    r, p, total = config.replicas, config.stages, config.total
+    if not config.rebalance_counts or r == 1 or np.allclose(speeds, speeds[0]):
+        return [config.microbatches] * r
+    counts = [config.min_microbatches] * r
+    ok = [config.counts_ok(m) for m in range(total + 1)]
+
+    def rate(i: int, m: int) -> float:
+        return m / (speeds[i] * (m + p - 1))
+
+    left = total - sum(counts)
+    while left > 0:
+        best, gain = -1, -1.0
+        for i in range(r):
+            m = counts[i] + 1
+            while m <= counts[i] + left and not ok[m]:
+                m += 1  # the next count the schedule allows
+            if m > counts[i] + left:
+                continue
+            g = (rate(i, m) - rate(i, counts[i])) / (m - counts[i])
+            if g > gain:
+                best, gain = i, g
+        if best < 0:
+            return [config.microbatches] * r
+        step = 1
+        while not ok[counts[best] + step]:
+            step += 1
+        counts[best] += step
+        left -= step
+    if not all(ok[m] for m in counts):
+        return [config.microbatches] * r
+    return counts
+
+
+def _pack(lengths: np.ndarray, costs: np.ndarray, counts: list[int], speed: np.ndarray,
+          stages: int, budget: int, moves: int) -> np.ndarray | None:
+    """Replica-aware LPT with capacities (step 2 of the module doc): each document's bin
+    (bins numbered replica by replica), or None if a document finds no bin with room."""
+    fill = float(stages - 1)
+    heaps: list[list[tuple[float, int]]] = []
+    first = 0
+    for m in counts:
+        heaps.append([(0.0, j) for j in range(first, first + m)])
+        first += m
+    load = [0.0] * first
+    room = [budget] * first
+    total = [0.0] * len(counts)  # per replica: sum of its bins' loads
+    peak = [0.0] * len(counts)  # per replica: its heaviest bin
+    sp = speed.tolist()
+    order = np.lexsort((np.arange(len(costs)), -lengths, -costs))
+    bin_of = np.empty(len(costs), dtype=np.int64)
+    for i, c, n in zip(order.tolist(), costs[order].tolist(), lengths[order].tolist(),
+                       strict=True):
+        best_r, best_t, best_l = -1, float("inf"), float("inf")
+        for r, heap in enumerate(heaps):
+            if room[heap[0][1]] < n:
+                j = _first_with_room(heap, room, n)
+                if j < 0:
+                    continue
+                lj = load[j]
+            else:
+                lj = heap[0][0]
+            t = sp[r] * (total[r] + c + fill * max(peak[r], lj + c))
+            if t < best_t - 1e-12 or (t <= best_t + 1e-12 and lj < best_l):
+                best_r, best_t, best_l = r, t, lj
+        if best_r < 0:
+            return None
+        j = _pop_with_room(heaps[best_r], room, n)
+        load[j] += c
+        room[j] -= n
+        total[best_r] += c
+        peak[best_r] = max(peak[best_r], load[j])
+        heapq.heappush(heaps[best_r], (load[j], j))
+        bin_of[i] = j
+    if moves:
+        _refine(bin_of, costs, lengths, np.asarray(load), np.asarray(room), counts, speed,
+                fill, moves)
+    return bin_of
+
+
+def _first_with_room(heap: list[tuple[float, int]], room: list[int], n: int) -> int:
+    """The least-loaded bin of ``heap`` with ``n`` tokens of room, or -1 (heap unchanged)."""
+    for _, j in sorted(heap):
+        if room[j] >= n:
+            return j
+    return -1
+
+
+def _pop_with_room(heap: list[tuple[float, int]], room: list[int], n: int) -> int:
+    """Pop and return the least-loaded bin with ``n`` tokens of room (others stay)."""
+    skipped = []
+    while room[heap[0][1]] < n:
+        skipped.append(heapq.heappop(heap))
+    _, j = heapq.heappop(heap)
+    for item in skipped:
+        heapq.heappush(heap, item)
+    return j
+
+
+def _replica_time(load: np.ndarray, owner: np.ndarray, starts: np.ndarray, speed: np.ndarray,
+                  fill: float) -> np.ndarray:
+    """Each replica's time, ``speed * (sum + fill * max)`` of its bins' loads."""
+    return speed * (np.add.reduceat(load, starts) + fill * np.maximum.reduceat(load, starts))
+
+
+def _refine(bin_of: np.ndarray, costs: np.ndarray, lengths: np.ndarray, load: np.ndarray,
+            room: np.ndarray, counts: list[int], speed: np.ndarray, fill: float,
+            moves: int) -> None:
+    """Move single documents out of the slowest replica while that lowers the slowest
+    replica's time (in place); every candidate move of the slowest replica's documents to
+    every other replica's bins is scored at once."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    for _ in range(moves):
+        times = _replica_time(load, owner, starts, speed, fill)
+        slow = int(np.argmax(times))
+        others = np.delete(times, slow).max() if len(times) > 1 else 0.0
+        docs = np.flatnonzero(owner[bin_of] == slow)
+        targets = np.flatnonzero(owner != slow)
+        if not len(docs) or not len(targets):
+            return
+        c, n = costs[docs], lengths[docs]
+        # the slow replica without each document: its bins' loads with that one reduced
+        own = load[bin_of[docs]] - c
+        lo, hi = starts[slow], starts[slow] + counts[slow]
+        rest = load[lo:hi]
+        top2 = np.sort(rest)[-2:] if len(rest) > 1 else np.r_[0.0, rest]
+        peak_wo = np.where(load[bin_of[docs]] >= top2[-1], np.maximum(top2[0], own), top2[-1])
+        t_src = speed[slow] * (times[slow] / speed[slow] - c + fill * (peak_wo - rest.max()))
+        # each target replica with the document added to one of its bins
+        tr = owner[targets]
+        base = times[tr] / speed[tr]
+        peak_t = np.maximum.reduceat(load, starts)[tr]
+        new_l = load[targets][None, :] + c[:, None]
+        t_dst = speed[tr][None, :] * (base[None, :] + c[:, None]
+                                       + fill * (np.maximum(peak_t[None, :], new_l)
+                                                 - peak_t[None, :]))
+        fits = room[targets][None, :] >= n[:, None]
+        score = np.where(fits, np.maximum(np.maximum(t_dst, t_src[:, None]), others), np.inf)
+        k = int(np.argmin(score))
+        if not score.flat[k] < times[slow] - 1e-12:
+            return
+        d, t = docs[k // len(targets)], targets[k % len(targets)]
+        load[bin_of[d]] -= costs[d]
+        room[bin_of[d]] += lengths[d]
+        load[t] += costs[d]
+        room[t] -= lengths[d]
+        bin_of[d] = t
+
+
+def _orders(cost: np.ndarray) -> list[np.ndarray]:
+    """Candidate run orders of one replica's micro-batches: as packed, ascending, and the
+    cheapest first, the next cheapest last, the rest by decreasing cost between them."""
+    asc = np.argsort(cost, kind="stable")
+    if len(cost) < 3:
+        return [np.arange(len(cost)), asc]
+    ends = np.concatenate([asc[:1], asc[2:][::-1], asc[1:2]])
+    return [np.arange(len(cost)), asc, ends]
+
+
+def _replica_times(config: PlanConfig, m: int, rows: list[np.ndarray],
+                   speeds: list[np.ndarray]) -> np.ndarray:
+    """Predicted pipeline time of each candidate (a row of ``m`` micro-batch costs in run
+    order, at per-stage ``speeds``) through :func:`bubblecast.sim.steptime.step_times`."""
+    shape = timing_shape(config.schedule, config.stages, m, 1)
+    w = np.asarray(config.kind_weights) / sum(config.kind_weights)
+    cost = np.stack(rows)[:, None, :]  # (K, 1, M)
+    speed = np.stack(speeds)[:, :, None]  # (K, P, 1)
+    f, b, ww = (cost * speed * w[k] for k in range(3))
+    return step_times(shape, op_durations(shape, f, b, ww))[0]
+
+
+def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
+            counts: list[int], speeds: np.ndarray) -> tuple[list[list[list[int]]],
+                                                           list[list[float]], float]:
+    """Order each replica's micro-batches (the fastest candidate by steptime); the ordered
+    plan, its costs and its predicted step time (the slowest replica)."""
+    plan, costs, worst = [], [], 0.0
+    k = 0
+    for r, m in enumerate(counts):
+        cost = bin_cost[k:k + m]
+        cands = _orders(cost)
+        times = _replica_times(config, m, [cost[o] for o in cands], [speeds[r]] * len(cands))
+        best = cands[int(np.argmin(times))]
+        plan.append([bins[k + j] for j in best.tolist()])
+        costs.append([float(x) for x in cost[best]])
+        worst = max(worst, float(times.min()))
+        k += m
+    return plan, costs, worst
+
+
+def plan_static(lengths: Any, config: PlanConfig, cost: WorkCost = TOKENS) -> WorkPlan:
+    """The data loader's plan: sequential first-fit in arrival order, ``microbatches``
+    consecutive micro-batches per replica (ValueError-free: BubblecastError when the lengths
+    do not pack into exactly ``replicas * microbatches`` micro-batches)."""
+    x = check_lengths(lengths, config.token_budget, "lengths", config.total)
+    owner = next_fit(x, config.token_budget)
+    if owner[-1] + 1 != config.total:
+        raise BubblecastError(f"lengths: the loader's packing makes {owner[-1] + 1} "
+                              f"micro-batches, expected {config.total}")
+    tokens, tokens_sq, docs = microbatch_stats(x, owner, config.total)
+    c = cost.microbatch(tokens, tokens_sq, docs)
+    m = config.microbatches
+    plan = tuple(tuple(tuple(np.flatnonzero(owner == r * m + j).tolist()) for j in range(m))
+                 for r in range(config.replicas))
+    return WorkPlan(plan, tuple(tuple(float(v) for v in c[r * m:(r + 1) * m])
+                                for r in range(config.replicas)), None, None, "static")
+
+
+def _planned(x: np.ndarray, config: PlanConfig, cost: WorkCost, speeds: np.ndarray,
+             counts: list[int]) -> tuple[list, list, float] | None:
+    """Pack and order for given counts; None when packing fails."""
+    bin_of = _pack(x, cost.documents_cost(x), counts, speeds.max(axis=1), config.stages,
+                   config.token_budget, config.refine_moves)
+    if bin_of is None:
+        return None
+    tokens, tokens_sq, docs = microbatch_stats(x, bin_of, config.total)
+    bin_cost = cost.microbatch(tokens, tokens_sq, docs)
+    members = np.argsort(bin_of, kind="stable")
+    starts = np.searchsorted(bin_of[members], np.arange(config.total + 1))
+    bins = [members[starts[j]:starts[j + 1]].tolist() for j in range(config.total)]
+    return _finish(config, bins, bin_cost, counts, speeds)
+
+
+def plan_batch(lengths: Sequence[int] | np.ndarray, config: PlanConfig,
+               cost: WorkCost = TOKENS, speeds: Any = None, method: str = "balance"
+               ) -> WorkPlan:
+    """Plan one step's documents (see the module doc). ``speeds``: per-replica (or per-rank,
+    ``(replicas, stages)``) time multipliers, None for equal; ``cost``: the per-layer cost of
+    a packed micro-batch (default: token counts). BubblecastError on bad lengths (empty,
+    fewer documents than micro-batches, non-integer, < 1 or longer than the budget)."""
+    x = check_lengths(lengths, config.token_budget, "lengths", config.total)
+    s = _speeds(speeds, config.replicas, config.stages)
+    equal = [config.microbatches] * config.replicas
+    counts = replica_counts(s.max(axis=1), config)
+    options = [counts] if counts == equal else [counts, equal]
+    best = None
+    for c in options:
+        got = _planned(x, config, cost, s, c)
+        if got is not None and (best is None or got[2] < best[2] - 1e-12):
+            best = got
+    if best is None:
+        try:
+            static = plan_static(x, config, cost)
+        except BubblecastError as exc:
+            raise BubblecastError(f"lengths: no packing into {config.total} micro-batches of "
+                                  f"{config.token_budget} tokens ({exc})") from None
+        return WorkPlan(static.microbatches, static.cost, None,
+                        "a document found no micro-batch with room: the loader's packing",
+                        method)
+    plan, costs, step = best
+    return WorkPlan(tuple(tuple(tuple(mb) for mb in r) for r in plan),
+                    tuple(tuple(c) for c in costs), step, None, method)
