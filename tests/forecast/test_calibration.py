@@ -1,12 +1,25 @@
 """Calibration that holds on new runs: real LightGBM and GRU models on held-out seeds, and
 adaptive conformal inference (ACI) online.
 
-Tolerances. A held-out coverage is a mean of indicators that are strongly correlated within a
-run (neighbouring steps share their errors), so its sampling error is set by runs more than
-rows: with ``R`` held-out runs and the run-to-run spread of coverage ``s`` (about 0.05 here
-for runs of 200 steps), the mean over runs has a standard error ``s / sqrt(R)``, and the
-conformal shifts fitted on ``C`` calibration runs add about ``s / sqrt(C)``. With R = 16 and
-C = 6 that is 0.05 x sqrt(1/16 + 1/6) = 0.024; the tests allow 2.5 standard errors (0.06).
+Tolerances of the held-out tests. README's 0.78-0.82 band is the p10-p90 coverage at the scale
+of ``benchmarks/bench_forecast.py`` (80 training runs of 400 steps, 32 of them calibrating,
+40 held-out runs). The fixture here is far smaller: 8 scenarios x 3 runs of 160 steps, one
+replica of 4 stages, for training (suite seed 1: 16 runs train, 8 calibrate, the validation
+runs included) and for the held-out suite (seed 2: 24 runs, about 9,600 / 9,200 / 8,700 rows
+at h = 1 / 5 / 10). If rows were independent, the binomial standard error of a coverage of
+0.8 would be sqrt(0.8 x 0.2 / 9,600) = 0.004 on the held-out rows and
+sqrt(0.16 / 3,232) = 0.007 for the conformal shifts fitted on the calibration rows: about
+0.008 together. Neighbouring steps share their errors, so the runs, not the rows, set the
+spread: measured over 5 training suite seeds (1, 3, 4, 5, 6) x 8 held-out seeds
+(2, 7-13), every horizon, the coverage has a standard deviation of 0.019 for LightGBM
+(0.019 between training suites, mostly the draw of the 8 calibrating runs; 0.008 between
+held-out suites) and
+0.040 for the GRU (0.031 and 0.023; its training adds its own spread), means 0.788 and 0.782.
+So this fixture cannot hold either model to 0.78-0.82 (at its own seeds LightGBM gives
+0.771 / 0.780 / 0.787 and the GRU 0.764 / 0.788 / 0.782); the tests allow 2.5 measured
+standard deviations: 0.05 for LightGBM, 0.10 for the GRU. The 0.78-0.82 claim itself is
+measured at its own scale by ``benchmarks/bench_forecast.py``, which records the band beside
+its results; no test backs it at that precision.
 """
 
 from __future__ import annotations
@@ -18,7 +31,9 @@ from bubblecast.dataset import DatasetConfig, build_dataset
 from bubblecast.forecast.conformal import AdaptiveConformal
 from bubblecast.forecast.suite import TRAINING, SuiteConfig, suite_events
 
-TOL = 0.06
+#: 2.5 measured standard deviations of this fixture's held-out coverage (module doc).
+TOL_LGBM = 0.05
+TOL_GRU = 0.10
 CONFIG = DatasetConfig()  # horizons 1, 5, 10 as the shipped model
 
 
@@ -50,7 +65,7 @@ def test_lightgbm_held_out_coverage(frames):
     cov = _coverage(model, held)
     assert set(cov) == {1, 5, 10}
     for h, c in cov.items():
-        assert abs(c - 0.8) <= TOL, (h, cov)
+        assert abs(c - 0.8) <= TOL_LGBM, (h, cov)
 
 
 def test_gru_held_out_coverage(frames):
@@ -60,8 +75,9 @@ def test_gru_held_out_coverage(frames):
     train, held = frames
     model = SeqForecaster(epochs=6, hidden=16, seed=0).fit(train)
     cov = _coverage(model, held)
+    assert set(cov) == {1, 5, 10}
     for h, c in cov.items():
-        assert abs(c - 0.8) <= TOL, (h, cov)
+        assert abs(c - 0.8) <= TOL_GRU, (h, cov)
 
 
 def test_aci_brings_a_miscalibrated_forecast_to_80_percent_online():
