@@ -10,11 +10,10 @@ at h = 1 / 5 / 10). If rows were independent, the binomial standard error of a c
 0.8 would be sqrt(0.8 x 0.2 / 9,600) = 0.004 on the held-out rows and
 sqrt(0.16 / 3,232) = 0.007 for the conformal shifts fitted on the calibration rows: about
 0.008 together. Neighbouring steps share their errors, so the runs, not the rows, set the
-spread: measured over 5 training suite seeds (1, 3, 4, 5, 6) x 8 held-out seeds
-(2, 7-13), every horizon, the coverage has a standard deviation of 0.019 for LightGBM
-(0.019 between training suites, mostly the draw of the 8 calibrating runs; 0.008 between
-held-out suites) and
-0.040 for the GRU (0.031 and 0.023; its training adds its own spread), means 0.788 and 0.782.
+spread: measured over 5 training suite seeds (1, 3, 4, 5, 6) x 8 held-out seeds (2, 7-13),
+every horizon (``benchmarks/calibration_spread.py``), the coverage has a standard deviation
+of 0.019 for LightGBM (0.019 between training suites, which runs train and calibrate; 0.008
+between held-out suites) and 0.040 for the GRU (0.031 and 0.023), means 0.788 and 0.782.
 So this fixture cannot hold either model to 0.78-0.82 (at its own seeds LightGBM gives
 0.771 / 0.780 / 0.787 and the GRU 0.764 / 0.788 / 0.782); the tests allow 2.5 measured
 standard deviations: 0.05 for LightGBM, 0.10 for the GRU. The 0.78-0.82 claim itself is
