@@ -78,7 +78,12 @@ def test_a_trained_model_drives_the_predictive_policy(runs_file, tmp_path, capsy
     assert read_events(runs_file).run_ids
     doc = run_json(capsys, [str(runs_file), "--policies", "static,predictive",
                             "--model", str(tmp_path / "model")])
-    assert "last" in doc["forecaster"] or "fell back" in doc["forecaster"]
+    # the model is used on every run (no "model not usable ...; fell back" note), and the
+    # forecast guard takes its forecasts on some decisions rather than falling back on all
+    assert doc["forecaster"] == "trained model 'last'"
+    assert {r["forecaster"] for r in doc["runs"].values()} == {"trained model 'last'"}
+    guard = doc["policies"]["predictive"]["guard"]
+    assert 0 <= guard["fallback_decisions"] < guard["decisions"]
 
 
 @pytest.mark.parametrize("args, match", [
