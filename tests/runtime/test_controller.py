@@ -9,6 +9,7 @@ current plan with NoOps that say why.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -112,14 +113,31 @@ def test_decider_feeds_a_served_model_and_records_its_decision_as_is() -> None:
 
 
 def test_deadline_runner_gives_up_and_refuses_while_busy() -> None:
-    runner = DeadlineRunner(0.05)
-    assert runner(lambda x: x + 1, 1) == 2
+    # No race with the clock: a call expected back in time gets a generous 30 s (it returns at
+    # once; only a 30 s stall of the machine fails it), and the call expected to time out
+    # blocks on an event until the test releases it, so it cannot finish early.
+    patient = DeadlineRunner(30.0)
+    assert patient(lambda x: x + 1, 1) == 2
     with pytest.raises(ValueError, match="boom"):
-        runner(lambda: (_ for _ in ()).throw(ValueError("boom")))
-    with pytest.raises(ForecastUnavailable, match="timed out"):
-        runner(time.sleep, 0.5)
-    with pytest.raises(ForecastUnavailable, match="still running"):
-        runner(lambda: 1)
+        patient(lambda: (_ for _ in ()).throw(ValueError("boom")))
+    release = threading.Event()
+    runner = DeadlineRunner(0.05)
+    try:
+        with pytest.raises(ForecastUnavailable, match="timed out after 0.05 s"):
+            runner(release.wait)
+        with pytest.raises(ForecastUnavailable, match="still running"):
+            runner(lambda: 1)
+    finally:
+        release.set()
+    # once the abandoned call has finished, the runner takes calls again
+    runner.timeout_s = 30.0
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            assert runner(lambda: 1) == 1
+            break
+        except ForecastUnavailable as exc:  # the released thread has not exited yet
+            assert "still running" in str(exc) and time.monotonic() < deadline
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -228,14 +246,16 @@ def test_a_failing_or_hanging_forecaster_keeps_the_plan(
                          stages=2, microbatches=4, steps=steps, batch_size=16,
                          optimizer="adam", lr=1e-2, seed=0, inject="rank=1,factor=3.0",
                          run_id="flaky")
-    control = ControllerConfig(policy="predictive", every=5, timeout_s=0.2,
+    # 1 s: generous for the first call's immediate raise on a fresh thread, and still half the
+    # 2 s the later calls hang for
+    control = ControllerConfig(policy="predictive", every=5, timeout_s=1.0,
                                forecaster=f"{__name__}:flaky_forecaster",
                                policy_params={"min_history": 4})  # live default: 30 steps
     s = launch_controlled(config, control, tmp_path / "flaky.parquet", timeout=240)
     reasons = [d["reason"] for d in s["decisions"]]
     assert all(d["action"]["action"] == "noop" for d in s["decisions"])
     assert any("decision failed (RuntimeError: forecaster down)" in r for r in reasons)
-    assert any("timed out after 0.2 s" in r for r in reasons)
+    assert any("timed out after 1 s" in r for r in reasons)
     assert all(d["applied"] is None for d in s["decisions"])
     assert s["actions"] == [] and s["partition"] == [4, 4]
     assert len(s["step_end_s"]) == steps  # training went on
