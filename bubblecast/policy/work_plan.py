@@ -21,8 +21,10 @@ How (:func:`plan_batch`):
    with capacities); then single documents move out of the slowest replica while that
    lowers the slowest replica's time.
 3. **Order** within each replica: the candidate orders (as packed, ascending, cheapest at
-   both ends) are timed with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan
-   with rebalanced counts is kept only where steptime predicts it faster than equal counts.
+   both ends) are timed with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan's
+   predicted step time is its slowest replica's. Where step 1 gives uneven counts, the plan
+   with equal counts is made too and the one steptime predicts faster is kept (the replica
+   model ignores the token budget, which can keep fast replicas from taking more load).
 
 If packing cannot place a document (no micro-batch has room), the plan falls back to the data
 loader's packing and says so in :attr:`WorkPlan.fallback` -- never silently.
@@ -32,6 +34,7 @@ loader's packing and says so in :attr:`WorkPlan.fallback` -- never silently.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,13 +96,8 @@ class PlanConfig:
 
     def counts_ok(self, m: int) -> bool:
         """Whether a replica may run ``m`` micro-batches under the schedule."""
-        if m < self.min_microbatches:
-            return False
-        try:
-            check_schedule(self.schedule, self.stages, m, 1)
-        except BubblecastError:
-            return False
-        return True
+        return m >= 0 and _allowed_counts(self.schedule, self.stages, m,
+                                          self.min_microbatches)[m]
 
 
 @dataclass(frozen=True)
@@ -157,6 +155,18 @@ def _speeds(speeds: Any, replicas: int, stages: int) -> np.ndarray:
     return s
 
 
+@functools.lru_cache(maxsize=64)
+def _allowed_counts(schedule: str, stages: int, total: int, least: int) -> tuple[bool, ...]:
+    """Whether a replica may run ``m`` micro-batches, for ``m`` in ``0..total``."""
+    def ok(m: int) -> bool:
+        try:
+            check_schedule(schedule, stages, m, 1)
+        except BubblecastError:
+            return False
+        return m >= least
+    return tuple(ok(m) for m in range(total + 1))
+
+
 def replica_counts(speeds: np.ndarray, config: PlanConfig) -> list[int]:
     """Micro-batches per replica maximising ``sum_r M_r / (s_r (M_r + P - 1))`` with
     ``sum M_r = replicas * microbatches`` (step 1 of the module doc); ``speeds`` ``(R,)``."""
@@ -164,31 +174,32 @@ def replica_counts(speeds: np.ndarray, config: PlanConfig) -> list[int]:
     if not config.rebalance_counts or r == 1 or np.allclose(speeds, speeds[0]):
         return [config.microbatches] * r
     counts = [config.min_microbatches] * r
-    ok = [config.counts_ok(m) for m in range(total + 1)]
+    ok = _allowed_counts(config.schedule, config.stages, total, config.min_microbatches)
+    sp = [float(x) for x in speeds]
 
-    def rate(i: int, m: int) -> float:
-        return m / (speeds[i] * (m + p - 1))
+    def offer(i: int) -> tuple[float, int, int] | None:
+        """Replica ``i``'s next allowed count and its gain per micro-batch, as a heap item."""
+        m = counts[i] + 1
+        while m <= total and not ok[m]:
+            m += 1  # the next count the schedule allows
+        if m > total:
+            return None
+        now, nxt = counts[i], m
+        gain = (nxt / (sp[i] * (nxt + p - 1)) - now / (sp[i] * (now + p - 1))) / (nxt - now)
+        return (-gain, i, nxt)
 
+    heap = [item for i in range(r) if (item := offer(i)) is not None]
+    heapq.heapify(heap)
     left = total - sum(counts)
-    while left > 0:
-        best, gain = -1, -1.0
-        for i in range(r):
-            m = counts[i] + 1
-            while m <= counts[i] + left and not ok[m]:
-                m += 1  # the next count the schedule allows
-            if m > counts[i] + left:
-                continue
-            g = (rate(i, m) - rate(i, counts[i])) / (m - counts[i])
-            if g > gain:
-                best, gain = i, g
-        if best < 0:
-            return [config.microbatches] * r
-        step = 1
-        while not ok[counts[best] + step]:
-            step += 1
-        counts[best] += step
-        left -= step
-    if not all(ok[m] for m in counts):
+    while left > 0 and heap:
+        _, i, nxt = heapq.heappop(heap)
+        if nxt - counts[i] > left:
+            continue  # does not fit what is left: this replica is done
+        left -= nxt - counts[i]
+        counts[i] = nxt
+        if (item := offer(i)) is not None:
+            heapq.heappush(heap, item)
+    if left or not all(ok[m] for m in counts):
         return [config.microbatches] * r
     return counts
 
@@ -210,52 +221,48 @@ def _pack(lengths: np.ndarray, costs: np.ndarray, counts: list[int], speed: np.n
     sp = speed.tolist()
     order = np.lexsort((np.arange(len(costs)), -lengths, -costs))
     bin_of = np.empty(len(costs), dtype=np.int64)
+    # Lengths never grow along `order` (a document's cost grows with its length): a bin without
+    # room for this document is parked until the documents get short enough for its room.
+    parked: list[list[tuple[int, int]]] = [[] for _ in counts]  # (-room, bin)
+    wmax = [-1] * len(counts)  # per replica: the most room a parked bin has (-1: none)
+    push, pop, replace = heapq.heappush, heapq.heappop, heapq.heapreplace
+    replicas = list(zip(range(len(counts)), heaps, parked, sp, strict=True))
+    inf = float("inf")
     for i, c, n in zip(order.tolist(), costs[order].tolist(), lengths[order].tolist(),
                        strict=True):
-        best_r, best_t, best_l = -1, float("inf"), float("inf")
-        for r, heap in enumerate(heaps):
-            if room[heap[0][1]] < n:
-                j = _first_with_room(heap, room, n)
-                if j < 0:
-                    continue
-                lj = load[j]
-            else:
-                lj = heap[0][0]
-            t = sp[r] * (total[r] + c + fill * max(peak[r], lj + c))
-            if t < best_t - 1e-12 or (t <= best_t + 1e-12 and lj < best_l):
-                best_r, best_t, best_l = r, t, lj
-        if best_r < 0:
+        best, best_t, best_l = None, inf, inf
+        for r, heap, wait, s in replicas:
+            if wmax[r] >= n:  # documents got short enough for parked bins: back in play
+                while wait and -wait[0][0] >= n:
+                    j = pop(wait)[1]
+                    push(heap, (load[j], j))
+                wmax[r] = -wait[0][0] if wait else -1
+            while heap and room[heap[0][1]] < n:
+                j = pop(heap)[1]
+                push(wait, (-room[j], j))
+                wmax[r] = -wait[0][0]
+            if not heap:
+                continue
+            lj = heap[0][0]
+            x, pk = lj + c, peak[r]
+            t = s * (total[r] + c + fill * (pk if pk > x else x))
+            if t < best_t or (t == best_t and lj < best_l):
+                best, best_t, best_l = r, t, lj
+        if best is None:
             return None
-        j = _pop_with_room(heaps[best_r], room, n)
-        load[j] += c
+        heap = heaps[best]
+        j = heap[0][1]
+        lj = load[j] = load[j] + c
         room[j] -= n
-        total[best_r] += c
-        peak[best_r] = max(peak[best_r], load[j])
-        heapq.heappush(heaps[best_r], (load[j], j))
+        replace(heap, (lj, j))
+        total[best] += c
+        if lj > peak[best]:
+            peak[best] = lj
         bin_of[i] = j
     if moves:
         _refine(bin_of, costs, lengths, np.asarray(load), np.asarray(room), counts, speed,
                 fill, moves)
     return bin_of
-
-
-def _first_with_room(heap: list[tuple[float, int]], room: list[int], n: int) -> int:
-    """The least-loaded bin of ``heap`` with ``n`` tokens of room, or -1 (heap unchanged)."""
-    for _, j in sorted(heap):
-        if room[j] >= n:
-            return j
-    return -1
-
-
-def _pop_with_room(heap: list[tuple[float, int]], room: list[int], n: int) -> int:
-    """Pop and return the least-loaded bin with ``n`` tokens of room (others stay)."""
-    skipped = []
-    while room[heap[0][1]] < n:
-        skipped.append(heapq.heappop(heap))
-    _, j = heapq.heappop(heap)
-    for item in skipped:
-        heapq.heappush(heap, item)
-    return j
 
 
 def _replica_time(load: np.ndarray, owner: np.ndarray, starts: np.ndarray, speed: np.ndarray,
@@ -334,19 +341,33 @@ def _replica_times(config: PlanConfig, m: int, rows: list[np.ndarray],
 def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
             counts: list[int], speeds: np.ndarray) -> tuple[list[list[list[int]]],
                                                            list[list[float]], float]:
-    """Order each replica's micro-batches (the fastest candidate by steptime); the ordered
-    plan, its costs and its predicted step time (the slowest replica)."""
-    plan, costs, worst = [], [], 0.0
-    k = 0
-    for r, m in enumerate(counts):
-        cost = bin_cost[k:k + m]
-        cands = _orders(cost)
-        times = _replica_times(config, m, [cost[o] for o in cands], [speeds[r]] * len(cands))
-        best = cands[int(np.argmin(times))]
-        plan.append([bins[k + j] for j in best.tolist()])
-        costs.append([float(x) for x in cost[best]])
-        worst = max(worst, float(times.min()))
-        k += m
+    """Order each replica's micro-batches (the fastest candidate by steptime, replicas with
+    the same count timed in one call); the ordered plan, its costs and its predicted step
+    time (the slowest replica)."""
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+    chosen: dict[int, np.ndarray] = {}
+    worst = 0.0
+    for m in sorted(set(counts)):
+        group = [r for r, c in enumerate(counts) if c == m]
+        rows, speed, owner, cands_of = [], [], [], {}
+        for r in group:
+            cost = bin_cost[starts[r]:starts[r + 1]]
+            cands_of[r] = _orders(cost)
+            for o in cands_of[r]:
+                rows.append(cost[o])
+                speed.append(speeds[r])
+                owner.append(r)
+        times = _replica_times(config, m, rows, speed)
+        k = 0
+        for r in group:
+            n = len(cands_of[r])
+            best = int(np.argmin(times[k:k + n]))
+            chosen[r] = cands_of[r][best]
+            worst = max(worst, float(times[k + best]))
+            k += n
+    plan = [[bins[starts[r] + j] for j in chosen[r].tolist()] for r in range(len(counts))]
+    costs = [[float(x) for x in bin_cost[starts[r]:starts[r + 1]][chosen[r]]]
+             for r in range(len(counts))]
     return plan, costs, worst
 
 
@@ -394,10 +415,9 @@ def plan_batch(lengths: Sequence[int] | np.ndarray, config: PlanConfig,
     s = _speeds(speeds, config.replicas, config.stages)
     equal = [config.microbatches] * config.replicas
     counts = replica_counts(s.max(axis=1), config)
-    options = [counts] if counts == equal else [counts, equal]
     best = None
-    for c in options:
-        got = _planned(x, config, cost, s, c)
+    for option in ([counts] if counts == equal else [counts, equal]):
+        got = _planned(x, config, cost, s, option)
         if got is not None and (best is None or got[2] < best[2] - 1e-12):
             best = got
     if best is None:
