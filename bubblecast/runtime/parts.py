@@ -23,7 +23,8 @@ from bubblecast.telemetry.schema import OPS as SPEC_OPS
 from bubblecast.telemetry.schema import RunMeta
 
 #: Op names by the op code of a recorder row ``(step, chunk, microbatch, op code, start,
-#: duration, layers, tokens)``.
+#: duration, layers, tokens, tokens_sq, documents)``; a negative ``tokens``, ``tokens_sq`` or
+#: ``documents`` is unknown (a null in the events).
 OPS = ("F", "B", "W", "OPTIMIZER")
 _OPT = 3
 
@@ -35,42 +36,57 @@ def event_arrays(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: 
                  stage: int, replica: int, host: str, device: str,
                  offset: Any) -> RankArrays:
     """The recorder's rows ``(step, chunk, microbatch, op code, start, duration, layers,
-    tokens)`` as :class:`RankArrays` (op codes mapped to SPEC ``OPS``); ``offset`` (a number
-    or one per row) maps starts to the run's origin."""
+    tokens[, tokens_sq, documents])`` as :class:`RankArrays` (op codes mapped to SPEC
+    ``OPS``; negative tokens, tokens_sq and documents are unknown: nulls; tokens_sq and
+    documents absent when no row knows them); ``offset`` (a number or one per row) maps starts
+    to the run's origin."""
     import numpy as np
 
-    step, chunk, mb, op, t0, dur, layers, tokens = (np.asarray(c)
-                                                     for c in zip(*rows, strict=True))
+    columns = [np.asarray(c) for c in zip(*rows, strict=True)]
+    step, chunk, mb, op, t0, dur, layers, tokens = columns[:8]
     spec_code = np.array([SPEC_OPS.index(o) for o in ops], dtype=np.int8)
+    work: dict[str, Any] = {"tokens": tokens.astype(np.int64)}
+    if len(columns) > 8 and (columns[9] >= 0).any():
+        work["tokens_sq"] = columns[8].astype(np.float64)
+        work["documents"] = columns[9].astype(np.int32)
+    nulls = {}
+    for col, values in work.items():
+        unknown = values < 0
+        if unknown.any():
+            nulls[col] = unknown
+            values[unknown] = 0
     return RankArrays(
         run_id=run_id, rank=rank, stage=stage, replica=replica,
         step=step.astype(np.int64), chunk=chunk.astype(np.int32),
         microbatch=mb.astype(np.int32), op=spec_code[op],
         start_s=t0.astype(np.float64) + offset, duration_s=dur.astype(np.float64),
-        layers=layers.astype(np.int32), tokens=tokens.astype(np.int64),
-        host=host, device=device)
+        layers=layers.astype(np.int32), host=host, device=device, nulls=nulls, **work)
 
 
 def event_columns(arrays: RankArrays) -> dict[str, Any]:
-    """``arrays`` as events columns (a DataFrame's, SPEC names and dtypes; tokens < 0, unknown,
-    as nulls)."""
+    """``arrays`` as events columns (a DataFrame's, SPEC names and dtypes; nulls as pandas
+    nullable integers, or NaN in a float column)."""
     import numpy as np
+    import pandas as pd
 
     n = len(arrays)
-    tokens: Any = arrays.tokens
-    if tokens is not None and n and tokens.min() < 0:  # unknown: pandas nullable integers
-        import pandas as pd
-
-        tokens = pd.arrays.IntegerArray(np.maximum(tokens, 0), tokens < 0)
-    return {
+    columns: dict[str, Any] = {
         "run_id": [arrays.run_id] * n, "step": arrays.step,
         "rank": np.full(n, arrays.rank, np.int32), "stage": np.full(n, arrays.stage, np.int32),
         "replica": np.full(n, arrays.replica, np.int32), "chunk": arrays.chunk,
         "microbatch": arrays.microbatch, "op": np.asarray(SPEC_OPS)[arrays.op],
         "start_s": arrays.start_s, "duration_s": arrays.duration_s,
-        "layers": arrays.layers, "tokens": tokens,
-        "host": [arrays.host] * n, "device": [arrays.device] * n,
     }
+    for col in ("layers", "tokens", "tokens_sq", "documents"):
+        values, null = getattr(arrays, col), arrays.nulls.get(col)
+        if values is None:
+            continue
+        if null is not None:
+            values = np.where(null, np.nan, values) if values.dtype.kind == "f" \
+                else pd.arrays.IntegerArray(values, null)
+        columns[col] = values
+    columns.update({"host": [arrays.host] * n, "device": [arrays.device] * n})
+    return columns
 
 
 class StepView:

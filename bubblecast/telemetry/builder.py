@@ -35,7 +35,8 @@ class EventsBuilder:
     def add(self, run_id: str, *, step: int, rank: int, stage: int, op: str, start_s: float,
             duration_s: float, microbatch: int = -1, chunk: int = 0, replica: int = 0,
             **optional: Any) -> EventsBuilder:
-        """Append one op; optional columns (``layers``, ``tokens``, ...) as keywords."""
+        """Append one op; optional columns (``layers``, ``tokens``, ``tokens_sq``,
+        ``documents``, ...) as keywords."""
         row = {"run_id": run_id, "step": step, "rank": rank, "stage": stage, "replica": replica,
                "chunk": chunk, "microbatch": microbatch, "op": op, "start_s": start_s,
                "duration_s": duration_s}
@@ -61,7 +62,7 @@ def from_frame(frame: pd.DataFrame, runs: dict[str, RunMeta] | None = None,
     """Validate a frame with SPEC columns (any integer widths) and wrap it as :class:`Events`."""
     runs = dict(runs or {})
     frame = frame.copy()
-    for col, dtype in (("layers", "Int32"), ("tokens", "Int64")):
+    for col, dtype in (("layers", "Int32"), ("tokens", "Int64"), ("documents", "Int32")):
         if col in frame.columns and frame[col].isna().any():
             frame[col] = frame[col].astype(dtype)
     for col in ("start_s", "duration_s"):

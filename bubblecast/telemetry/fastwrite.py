@@ -5,17 +5,18 @@ one run, one rank). Going through a DataFrame, :func:`~bubblecast.telemetry.from
 :func:`~bubblecast.telemetry.write_events` cost ~9 ms of CPU per part of ~850 rows, nearly
 all of it fixed pandas overhead (frame construction, per-column dtype dispatch, categorical
 conversion), taken from the training ranks on a small machine. :func:`write_rank_arrays`
-checks the same SPEC §1 row invariants with a few numpy passes (dtypes, finite times,
-non-negative durations, lower bounds, ranges from the run metadata, unique compute ops) and
-builds the Arrow table directly (``run_id`` and ``op`` as dictionary arrays from codes): the
-file is byte for byte the one the DataFrame path writes, atomically. Files a user hands to
-bubblecast are still validated by :func:`~bubblecast.telemetry.read_events` in full.
+checks dtypes and op codes, then the SPEC §1 row rules of
+:mod:`bubblecast.telemetry.row_rules` (the table :mod:`~bubblecast.telemetry.validate`
+applies too: same order, same messages) with a few numpy passes, and builds the Arrow table
+directly (``run_id`` and ``op`` as dictionary arrays from codes): the file is byte for byte
+the one the DataFrame path writes, atomically. Files a user hands to bubblecast are still
+validated by :func:`~bubblecast.telemetry.read_events` in full.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +24,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bubblecast.telemetry.io import atomic_write, parquet_options
+from bubblecast.telemetry.row_rules import (
+    RANGE_RULES,
+    Column,
+    Violation,
+    check_row_rules,
+    duplicate_problem,
+    first,
+    first_duplicate,
+    out_of_range,
+)
 from bubblecast.telemetry.schema import (
     COMPUTE_OPS,
     METADATA_KEY,
-    MINIMUM,
     OPS,
     OPTIONAL,
     REQUIRED,
-    UNIQUE_KEY,
     RunMeta,
     encode_metadata,
 )
@@ -42,7 +51,11 @@ ARRAY_DTYPES: dict[str, np.dtype] = {
     "microbatch": np.dtype(np.int32), "op": np.dtype(np.int8),
     "start_s": np.dtype(np.float64), "duration_s": np.dtype(np.float64),
     "layers": np.dtype(np.int32), "tokens": np.dtype(np.int64),
+    "tokens_sq": np.dtype(np.float64), "documents": np.dtype(np.int32),
 }  # fmt: skip
+#: The optional array columns (None: absent), in the order they are written.
+OPTIONAL_ARRAYS: tuple[str, ...] = ("layers", "tokens", "tokens_sq", "documents")
+_SCALARS = ("rank", "stage", "replica")  # one value for every row
 _INT32 = np.iinfo(np.int32)
 
 
@@ -50,9 +63,11 @@ _INT32 = np.iinfo(np.int32)
 class RankArrays:
     """Events of one run on one rank, stage and replica, as arrays with SPEC dtypes.
 
-    ``op`` holds codes into :data:`~bubblecast.telemetry.schema.OPS`; ``tokens`` < 0 are
-    unknown (written as null); ``layers``, ``tokens``, ``host`` and ``device`` are optional
-    columns (None: absent)."""
+    ``op`` holds codes into :data:`~bubblecast.telemetry.schema.OPS`; ``layers``, ``tokens``,
+    ``tokens_sq``, ``documents``, ``host`` and ``device`` are optional columns (None:
+    absent). ``nulls`` maps an optional array column to a boolean mask of its null (unknown)
+    rows; the values under it are ignored (written as null). A NaN ``tokens_sq`` is a null
+    too, as in a DataFrame."""
 
     run_id: str
     rank: int
@@ -68,90 +83,78 @@ class RankArrays:
     tokens: np.ndarray | None = None
     host: str | None = None
     device: str | None = None
+    tokens_sq: np.ndarray | None = None
+    documents: np.ndarray | None = None
+    nulls: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
 
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
+    def column(self, name: str) -> Column | None:
+        """Column ``name`` as the row rules see it (values, null mask); a scalar column as one
+        value (row 0 stands for every row); None when absent."""
+        if name in _SCALARS:
+            return np.array([getattr(self, name)], dtype=np.int64), None
+        values = getattr(self, name, None)
+        return None if values is None else (values, self.nulls.get(name))
 
 
 def _check_types(a: RankArrays, source: str) -> None:
-    """Array dtypes and lengths, scalar columns' values (no pass over the rows)."""
+    """Array dtypes and lengths, null masks, scalar columns' types (no pass over the rows)."""
     n = len(a)
     for col, dtype in ARRAY_DTYPES.items():
         values = getattr(a, col)
-        if values is None and col in ("layers", "tokens"):
+        if values is None and col in OPTIONAL_ARRAYS:
             continue
         if not isinstance(values, np.ndarray) or values.dtype != dtype or values.ndim != 1:
             got = values.dtype if isinstance(values, np.ndarray) else type(values).__name__
             raise SchemaError(source, col, None, f"expected a 1-d {dtype} array, got {got}")
         if values.shape[0] != n:
             raise SchemaError(source, col, None, f"has {values.shape[0]} rows, step has {n}")
-    for col in ("rank", "stage", "replica"):
+    for col, mask in a.nulls.items():
+        if col not in OPTIONAL_ARRAYS or getattr(a, col) is None:
+            raise SchemaError(source, col, None, "null mask for a column that is not a present "
+                                                 "optional array")
+        if not isinstance(mask, np.ndarray) or mask.dtype != bool or mask.shape != (n,):
+            raise SchemaError(source, col, None, f"null mask must be a 1-d bool array of {n} "
+                                                 f"rows")
+    for col in _SCALARS:
         value = getattr(a, col)
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
-                or not MINIMUM[col] <= value <= _INT32.max:
-            raise SchemaError(source, col, None, f"value {value!r} is not an int32 >= "
-                                                 f"{MINIMUM[col]}")
+                or not _INT32.min <= value <= _INT32.max:
+            raise SchemaError(source, col, None, f"value {value!r} is not an int32")
+
+
+def _raise(found: Violation | None, source: str) -> None:
+    if found is not None:
+        raise SchemaError(source, found.column, found.row, found.problem)
 
 
 def _check_values(a: RankArrays, meta: RunMeta, source: str) -> None:
-    """Op codes, finite times, non-negative durations, lower bounds and metadata ranges."""
+    """Op codes, then the row rules and the metadata ranges (:mod:`row_rules`)."""
     if not len(a):
         return
     op = a.op
     if op.min() < 0 or op.max() >= len(OPS):
-        row = _first((op < 0) | (op >= len(OPS)))
+        row = first((op < 0) | (op >= len(OPS)))
         raise SchemaError(source, "op", row, f"unknown op code {op[row]}")
-    for col in ("start_s", "duration_s"):
-        values = getattr(a, col)
-        if not np.isfinite(values.sum()):  # NaN or inf anywhere makes the sum so
-            bad = ~np.isfinite(values)
-            if bad.any():
-                row = _first(bad)
-                raise SchemaError(source, col, row, f"value {values[row]} is not finite")
-    if a.duration_s.min() < 0:
-        row = _first(a.duration_s < 0)
-        raise SchemaError(source, "duration_s", row, f"negative duration {a.duration_s[row]}")
-    for col in ("step", "chunk", "microbatch", "layers"):
-        values, low = getattr(a, col), MINIMUM.get(col, 0)
-        if values is not None and values.min() < low:
-            row = _first(values < low)
-            raise SchemaError(source, col, row, f"value {values[row]} is below {low}")
-    for col, attr in (("stage", "stages"), ("microbatch", "microbatches"), ("chunk", "chunks"),
-                      ("replica", "replicas")):
-        limit, values = getattr(meta, attr), getattr(a, col)
-        if isinstance(values, np.ndarray):
-            if values.max() < limit:
-                continue
-            row = _first(values >= limit)
-            value = values[row]
-        elif values < limit:
-            continue
-        else:
-            row, value = 0, values  # a scalar column: every row has it
-        raise SchemaError(source, col, row, f"value {value} out of range for run "
-                                            f"'{a.run_id}' ({attr}={limit})")
+    _raise(check_row_rules(a.column), source)
+    for col, attr in RANGE_RULES:
+        values = a.column(col)
+        assert values is not None
+        _raise(out_of_range(col, attr, values[0], getattr(meta, attr), lambda _: a.run_id),
+               source)
 
 
 def _check_duplicates(a: RankArrays, source: str) -> None:
     """Compute ops unique on (step, chunk, microbatch, op); run, rank are one value here."""
     rows = np.flatnonzero(a.op < len(COMPUTE_OPS))
-    if rows.size < 2:
-        return
-    keys = np.stack([a.step[rows], a.chunk[rows].astype(np.int64),
-                     a.microbatch[rows].astype(np.int64), a.op[rows].astype(np.int64)])
-    order = np.lexsort(keys[::-1])  # stable: of two equal rows the later is the duplicate
-    ordered = keys[:, order]
-    same = np.all(ordered[:, 1:] == ordered[:, :-1], axis=0)
-    if same.any():
-        row = int(rows[order[1:][same]].min())
-        value = {"run_id": a.run_id, "step": a.step[row], "rank": a.rank,
-                 "chunk": a.chunk[row], "microbatch": a.microbatch[row], "op": OPS[a.op[row]]}
-        key = ", ".join(f"{c}={value[c]}" for c in UNIQUE_KEY)
-        raise SchemaError(source, "op", row, f"duplicate compute op ({key})")
+    at = first_duplicate([a.step[rows], a.chunk[rows], a.microbatch[rows], a.op[rows]])
+    if at is not None:
+        row = int(rows[at])
+        key = {"run_id": a.run_id, "step": a.step[row], "rank": a.rank,
+               "chunk": a.chunk[row], "microbatch": a.microbatch[row], "op": OPS[a.op[row]]}
+        raise SchemaError(source, "op", row, duplicate_problem(key))
 
 
 def check_rank_arrays(a: RankArrays, meta: RunMeta, source: str) -> None:
@@ -182,12 +185,19 @@ def rank_table(a: RankArrays, meta: RunMeta) -> pa.Table:
         "start_s": pa.array(a.start_s, type=pa.float64()),
         "duration_s": pa.array(a.duration_s, type=pa.float64()),
     }
-    if a.layers is not None:
-        arrays["layers"] = pa.array(a.layers, type=OPTIONAL["layers"])
-    if a.tokens is not None:
-        unknown = a.tokens < 0
-        arrays["tokens"] = pa.array(np.maximum(a.tokens, 0), type=OPTIONAL["tokens"],
-                                    mask=unknown if unknown.any() else None)
+    for col in OPTIONAL_ARRAYS:
+        values = getattr(a, col)
+        if values is None:
+            continue
+        null = a.nulls.get(col)
+        if values.dtype.kind == "f":  # NaN is a null, as the DataFrame path writes it
+            nan = np.isnan(values)
+            null = nan if null is None else null | nan
+        if null is not None and null.any():
+            values = np.where(null, 0, values).astype(values.dtype)  # no stray values below
+        else:
+            null = None
+        arrays[col] = pa.array(values, type=OPTIONAL[col], mask=null)
     for col in ("host", "device"):
         value = getattr(a, col)
         if value is not None:
@@ -208,5 +218,5 @@ def write_rank_arrays(a: RankArrays, meta: RunMeta, path: str | os.PathLike[str]
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp, **options))
 
 
-__all__ = ["ARRAY_DTYPES", "RankArrays", "check_rank_arrays", "rank_table",
+__all__ = ["ARRAY_DTYPES", "OPTIONAL_ARRAYS", "RankArrays", "check_rank_arrays", "rank_table",
            "write_rank_arrays"]

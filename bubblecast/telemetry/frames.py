@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from bubblecast.telemetry.schema import REQUIRED
 
 #: Optional integer columns that may hold nulls: read as pandas nullable integers.
-_NULLABLE_INTS = {"layers": pd.Int32Dtype(), "tokens": pd.Int64Dtype()}
+_NULLABLE_INTS = {"layers": pd.Int32Dtype(), "tokens": pd.Int64Dtype(),
+                  "documents": pd.Int32Dtype()}
 
 
 def wanted_columns(schema: pa.Schema, columns: list[str] | None

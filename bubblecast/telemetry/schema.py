@@ -40,6 +40,8 @@ MINIMUM: dict[str, int] = {
 OPTIONAL: dict[str, pa.DataType] = {
     "layers": pa.int32(),  # layers the stage held at that step
     "tokens": pa.int64(),  # tokens in the microbatch
+    "tokens_sq": pa.float64(),  # sum over the microbatch's packed documents of length**2
+    "documents": pa.int32(),  # documents packed into the microbatch
     "host": pa.string(),
     "device": pa.string(),
     "name": pa.string(),  # the op's name in the source format (e.g. a Megatron optype)

@@ -1,9 +1,11 @@
 """Validation of an events table against SPEC §1.
 
 A bad table is refused whole with one :class:`SchemaError` naming the source, the column, the
-first offending row and the problem. Every check is one vectorised pass over a column that
-only looks for the offending row when the pass fails, so a valid table of 2.5M rows takes
-tens of milliseconds; no check copies a column that already has its SPEC dtype.
+first offending row and the problem. The row checks are the table of
+:mod:`bubblecast.telemetry.row_rules`, which the recorder's fast writer applies too (same
+order, same messages). Every check is one vectorised pass over a column that only looks for
+the offending row when the pass fails, so a valid table of 2.5M rows takes tens of
+milliseconds; no check copies a column that already has its SPEC dtype.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ import pandas as pd
 import pyarrow as pa
 
 from bubblecast.errors import BubblecastError
+from bubblecast.telemetry.row_rules import (
+    RANGE_RULES,
+    Column,
+    Violation,
+    check_row_rules,
+    duplicate_problem,
+    first,
+    first_duplicate,
+    out_of_range,
+)
 from bubblecast.telemetry.schema import (
     COMPUTE_OPS,
-    MINIMUM,
     OPS,
     OPTIONAL,
     REQUIRED,
@@ -25,7 +36,8 @@ from bubblecast.telemetry.schema import (
 
 _INT_DTYPES = {"step": "int64", "rank": "int32", "stage": "int32", "replica": "int32",
                "chunk": "int32", "microbatch": "int32"}  # fmt: skip
-_OPT_INT = {"layers": "int32", "tokens": "int64"}
+#: Optional integer columns (nullable: pandas' Int32/Int64 when they hold nulls).
+_OPT_INT = {c: str(t) for c, t in OPTIONAL.items() if pa.types.is_integer(t)}
 _OPT_FLOAT = tuple(c for c, t in OPTIONAL.items() if pa.types.is_floating(t))
 _N_COMPUTE = len(COMPUTE_OPS)
 assert OPS[:_N_COMPUTE] == COMPUTE_OPS  # compute ops are the first op codes
@@ -40,9 +52,9 @@ class SchemaError(BubblecastError):
         super().__init__(f"{source}: {where}: {problem}")
 
 
-def _first(mask: np.ndarray) -> int | None:
-    idx = np.flatnonzero(mask)
-    return int(idx[0]) if idx.size else None
+def _raise(found: Violation | None, source: str) -> None:
+    if found is not None:
+        raise SchemaError(source, found.column, found.row, found.problem)
 
 
 def _is_stringlike(dtype: object) -> bool:
@@ -94,7 +106,7 @@ def _check_column_types(frame: pd.DataFrame, source: str) -> None:
                 else None
             bad = codes < 0 if codes is not None else series.isna().to_numpy()
             if bad.any():
-                raise SchemaError(source, col, _first(bad), "missing value")
+                raise SchemaError(source, col, first(bad), "missing value")
         elif col in _INT_DTYPES:
             if not pd.api.types.is_integer_dtype(series.dtype):
                 raise SchemaError(source, col, None, f"expected integer, got {series.dtype}")
@@ -133,7 +145,7 @@ def _check_ops(frame: pd.DataFrame, source: str) -> None:
     else:
         unknown = ~op.isin(OPS).to_numpy()
     if unknown is not None and unknown.any():
-        row = _first(unknown)
+        row = first(unknown)
         known = ", ".join(OPS)
         raise SchemaError(source, "op", row, f"unknown op {op.iloc[row]!r} (known: {known})")
 
@@ -146,28 +158,22 @@ def _check_fit(frame: pd.DataFrame, source: str) -> None:
         if values.dtype == dtype or values.dtype.kind not in "iu" or not values.size:
             continue
         if values.min() < info.min or values.max() > info.max:
-            row = _first((values < info.min) | (values > info.max))
+            row = first((values < info.min) | (values > info.max))
             raise SchemaError(source, col, row, f"value {values[row]} does not fit {dtype}")
 
 
-def _check_values(frame: pd.DataFrame, source: str) -> None:
-    """Finite times, non-negative durations, integer lower bounds (one pass per column)."""
-    for col in ("start_s", "duration_s"):
-        values = frame[col].to_numpy(dtype=np.float64)
-        if not np.isfinite(values.sum()):  # one pass: NaN or inf anywhere makes the sum so
-            bad = ~np.isfinite(values)
-            if bad.any():
-                row = _first(bad)
-                raise SchemaError(source, col, row, f"value {values[row]} is not finite")
-    dur = frame["duration_s"].to_numpy(dtype=np.float64)
-    if dur.size and dur.min() < 0:
-        row = _first(dur < 0)
-        raise SchemaError(source, "duration_s", row, f"negative duration {dur[row]}")
-    for col, low in MINIMUM.items():
-        values = frame[col].to_numpy()
-        if values.size and values.min() < low:
-            row = _first(values < low)
-            raise SchemaError(source, col, row, f"value {values[row]} is below {low}")
+def _column(frame: pd.DataFrame, col: str) -> Column | None:
+    """A column as the row rules see it: numpy values (no copy when it has no nulls) and its
+    null mask (nullable integers: nulls read as 0; floats keep NaN, a null to the rules)."""
+    if col not in frame.columns:
+        return None
+    series = frame[col]
+    if isinstance(series.dtype, pd.api.extensions.ExtensionDtype) and \
+            pd.api.types.is_integer_dtype(series.dtype):
+        null = series.isna().to_numpy()
+        values = series.to_numpy(dtype=series.dtype.numpy_dtype, na_value=0)
+        return values, null if null.any() else None
+    return series.to_numpy(), None
 
 
 def _infer_runs(frame: pd.DataFrame, runs: dict[str, RunMeta]) -> None:
@@ -191,20 +197,14 @@ def _check_ranges(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) ->
     run_cat = frame["run_id"].cat
     categories = [str(c) for c in run_cat.categories]
     codes = run_cat.codes.to_numpy()
-    for col, attr in (("stage", "stages"), ("microbatch", "microbatches"), ("chunk", "chunks"),
-                      ("replica", "replicas")):
-        values = frame[col].to_numpy()
+    for col, attr in RANGE_RULES:
         limits = np.array([getattr(runs[c], attr) if c in runs else np.iinfo(np.int32).max
                            for c in categories], dtype=np.int64)
+        values = frame[col].to_numpy()
         if values.size == 0 or values.max() < limits.min(initial=np.iinfo(np.int64).max):
             continue  # fast path: below every run's limit, no per-row limits needed
-        limit = limits[codes]
-        bad = values >= limit
-        if bad.any():
-            row = _first(bad)
-            raise SchemaError(source, col, row,
-                              f"value {values[row]} out of range for run "
-                              f"'{categories[codes[row]]}' ({attr}={limit[row]})")
+        _raise(out_of_range(col, attr, values, limits[codes],
+                            lambda row: categories[codes[row]]), source)
 
 
 def prepare_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> pd.DataFrame:
@@ -232,17 +232,13 @@ def prepare_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) ->
 
 
 def check_rows(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> None:
-    """The row checks of SPEC §1 on a frame from :func:`prepare_frame`: finite times,
-    non-negative durations and counts, ranges from the run metadata, unique compute ops."""
-    _check_values(frame, source)
+    """The row checks of SPEC §1 on a frame from :func:`prepare_frame`, as
+    :mod:`~bubblecast.telemetry.row_rules` orders them: the row rules (finite times,
+    non-negative durations and counts, lower bounds), ranges from the run metadata, unique
+    compute ops."""
+    _raise(check_row_rules(lambda col: _column(frame, col)), source)
     _check_ranges(frame, runs, source)
     _check_duplicates(frame, source)
-    for col in _OPT_INT:
-        if col in frame.columns:
-            low = frame[col].min()
-            if low is not pd.NA and low < 0:
-                row = _first((frame[col] < 0).fillna(False).to_numpy())
-                raise SchemaError(source, col, row, f"negative value {frame[col].iloc[row]}")
 
 
 def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -> pd.DataFrame:
@@ -256,68 +252,21 @@ def validate_frame(frame: pd.DataFrame, runs: dict[str, RunMeta], source: str) -
     return frame
 
 
-def _packed_keys(frame: pd.DataFrame, rows: np.ndarray | None) -> np.ndarray | None:
-    """The UNIQUE_KEY of each row (of ``rows``, or all) packed into one int64 from 0 up (a
-    mixed-radix number over each key's value range), or None when that needs over 63 bits."""
-    keys, lows, spans = [], [], []
+def _check_duplicates(frame: pd.DataFrame, source: str) -> None:
+    codes = frame["op"].cat.codes.to_numpy()  # normalised: categories are OPS
+    is_compute = codes < _N_COMPUTE
+    rows = None if bool(is_compute.all()) else np.flatnonzero(is_compute)
+    keys = []
     for col in UNIQUE_KEY:
         series = frame[col]
         values = series.cat.codes.to_numpy() if isinstance(series.dtype, pd.CategoricalDtype) \
             else series.to_numpy()
-        values = values if rows is None else values[rows]
-        low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
-        if high > low:  # a constant key adds nothing
-            keys.append(values)
-            lows.append(low)
-            spans.append(high - low + 1)
-    if sum(int(s - 1).bit_length() for s in spans) > 63:
-        return None
-    n = frame.shape[0] if rows is None else rows.size
-    packed = np.zeros(n, dtype=np.int64)
-    offset = 0
-    for k, low, span in zip(keys, lows, spans, strict=True):
-        packed *= span  # in place: no temporary per key
-        packed += k
-        offset = offset * span + low
-    packed -= offset
-    return packed
-
-
-def _check_duplicates(frame: pd.DataFrame, source: str) -> None:
-    codes = frame["op"].cat.codes.to_numpy()  # normalised: categories are OPS
-    is_compute = codes < _N_COMPUTE
-    everything = bool(is_compute.all())
-    rows = None if everything else np.flatnonzero(is_compute)
-    if not codes.size or (rows is not None and not rows.size):
-        return
-    packed = _packed_keys(frame, rows)
-    n = frame.shape[0] if rows is None else rows.size
-    dup_at: np.ndarray | None = None  # positions (into the compute rows) of later duplicates
-    if packed is not None and int(packed.max(initial=0)) < 4 * n + 4096:
-        # Dense key space (always, for simulated and recorded runs): count, O(n), no sort.
-        counts = np.bincount(packed)
-        if counts.max() > 1:
-            cand = np.flatnonzero(counts[packed] > 1)
-            _, first = np.unique(packed[cand], return_index=True)
-            dup_at = np.setdiff1d(cand, cand[first])
-    else:
-        if packed is not None:
-            order = np.argsort(packed, kind="stable")
-            same = packed[order][1:] == packed[order][:-1]
-        else:
-            keys = [frame[c].cat.codes.to_numpy() if c in ("run_id", "op")
-                    else frame[c].to_numpy() for c in UNIQUE_KEY]
-            keys = [k if rows is None else k[rows] for k in keys]
-            order = np.lexsort(keys[::-1])
-            sorted_keys = np.stack([k[order] for k in keys])
-            same = np.all(sorted_keys[:, 1:] == sorted_keys[:, :-1], axis=0)
-        if same.any():
-            # a stable sort keeps equal rows in order: the later of two equal rows is the dup
-            dup_at = order[1:][same]
-    if dup_at is not None and dup_at.size:
-        row = int(dup_at.min()) if rows is None else int(rows[dup_at].min())
-        key = ", ".join(f"{c}={frame[c].iloc[row]}" for c in UNIQUE_KEY)
-        raise SchemaError(source, "op", row, f"duplicate compute op ({key})")
+        keys.append(values if rows is None else values[rows])
+    at = first_duplicate(keys)
+    if at is not None:
+        row = at if rows is None else int(rows[at])
+        key = {c: frame[c].iloc[row] for c in UNIQUE_KEY}
+        raise SchemaError(source, "op", row, duplicate_problem(key))
 
 
 __all__ = ["OPTIONAL", "SchemaError", "check_rows", "normalize_frame", "prepare_frame",

@@ -98,8 +98,10 @@ def test_duplicate_compute_op_is_refused_at_the_later_row(tmp_path: Path) -> Non
 def test_scalar_columns_and_dtypes_are_checked(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="column 'stage', row 0: value 2 out of range"):
         write_rank_arrays(_arrays(stage=2), META, tmp_path / "p.parquet")
-    with pytest.raises(SchemaError, match="column 'rank': value -1 is not an int32"):
-        write_rank_arrays(_arrays(rank=-1), META, tmp_path / "p.parquet")
+    with pytest.raises(SchemaError, match="column 'rank', row 0: value -1 is below 0"):
+        write_rank_arrays(_arrays(rank=-1), META, tmp_path / "p.parquet")  # as validate says
+    with pytest.raises(SchemaError, match="column 'rank': value 2147483648 is not an int32"):
+        write_rank_arrays(_arrays(rank=2**31), META, tmp_path / "p.parquet")
     a = _arrays()
     with pytest.raises(SchemaError, match="column 'step': expected a 1-d int64 array, got "
                                           "float64"):
@@ -109,3 +111,20 @@ def test_scalar_columns_and_dtypes_are_checked(tmp_path: Path) -> None:
         write_rank_arrays(dataclasses.replace(a, tokens=a.tokens[:2]), META,
                           tmp_path / "p.parquet")
     assert not list(tmp_path.iterdir())
+
+
+def test_rows_with_unknown_documents_write_the_same_bytes_as_rows_without(tmp_path: Path
+                                                                          ) -> None:
+    rows = _rows(steps=4)
+    unknown = [(*r, -1.0, -1) for r in rows]  # the recorder's rows on steps without documents
+    write_rank_arrays(event_arrays(rows, OPS, **KW), META, tmp_path / "a.parquet")
+    write_rank_arrays(event_arrays(unknown, OPS, **KW), META, tmp_path / "b.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    known = [(*r, 9.0, 2) if r[0] == 1 else (*r, -1.0, -1) for r in rows]
+    a = event_arrays(known, OPS, **KW)
+    assert a.tokens_sq is not None and a.nulls["documents"].sum() == len(rows) * 3 // 4
+    _old_path(known, tmp_path / "old.parquet")
+    write_rank_arrays(a, META, tmp_path / "new.parquet")
+    assert (tmp_path / "new.parquet").read_bytes() == (tmp_path / "old.parquet").read_bytes()
+    f = read_events(tmp_path / "new.parquet").frame
+    assert f.loc[f["step"] == 1, "documents"].tolist() == [2] * (len(rows) // 4)
