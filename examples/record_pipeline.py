@@ -51,6 +51,11 @@ def main() -> None:
         for step in range(args.steps):
             g = torch.Generator().manual_seed(step)
             x, y = torch.randn(16, 32, generator=g), torch.randn(16, 32, generator=g)
+            # a loader that packs documents into micro-batches knows their lengths: one list
+            # per micro-batch (made up here, this MLP has no sequence); they fill the tokens,
+            # tokens_sq and documents columns
+            rec.set_documents([torch.randint(1, 64, (3,), generator=g).tolist()
+                               for _ in range(4)])
             if rank == 0:
                 schedule.step(x, target=y if world == 1 else None)
             elif rank == world - 1:

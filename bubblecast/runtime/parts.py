@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.fastwrite import RankArrays
 from bubblecast.telemetry.schema import OPS as SPEC_OPS
 from bubblecast.telemetry.schema import RunMeta
@@ -27,9 +28,45 @@ from bubblecast.telemetry.schema import RunMeta
 #: ``documents`` is unknown (a null in the events).
 OPS = ("F", "B", "W", "OPTIMIZER")
 _OPT = 3
+#: A micro-batch's work as a row carries it: (tokens, tokens_sq, documents).
+Work = tuple[int, float, int]
 
 #: Turns a batch of buffered rows into one rank's event arrays (runs in the writer thread).
 Arrays = Callable[[list[tuple]], RankArrays]
+
+
+def document_work(lengths: Any, microbatches: int | None,
+                  name: str = "lengths") -> list[Work]:
+    """Each micro-batch's (tokens, tokens_sq, documents) from its packed documents' lengths
+    (``lengths[m]``: the lengths of micro-batch ``m``'s documents); ``microbatches``: the
+    count the schedule runs (None: not checked). Raises :class:`BubblecastError` naming
+    ``name`` and the bad entry: not one list per micro-batch, a length that is not an integer
+    >= 0."""
+    import operator
+
+    if isinstance(lengths, (str, bytes, dict)) or not hasattr(lengths, "__len__"):
+        raise BubblecastError(f"{name} must be one list of document lengths per micro-batch, "
+                              f"got {type(lengths).__name__}")
+    if microbatches is not None and len(lengths) != microbatches:
+        raise BubblecastError(f"{name} has {len(lengths)} micro-batches, the schedule runs "
+                              f"{microbatches}")
+    work = []
+    for m, docs in enumerate(lengths):
+        if isinstance(docs, (str, bytes, dict)) or not hasattr(docs, "__iter__"):
+            raise BubblecastError(f"{name}[{m}] must be a list of document lengths, got "
+                                  f"{type(docs).__name__}")
+        total = square = count = 0
+        for d, length in enumerate(docs):
+            try:
+                n = -1 if isinstance(length, bool) else operator.index(length)
+            except TypeError:
+                n = -1
+            if n < 0:
+                raise BubblecastError(f"{name}[{m}][{d}] is {length!r}: a document length "
+                                      f"must be an integer >= 0")
+            total, square, count = total + n, square + n * n, count + 1
+        work.append((total, float(square), count))
+    return work
 
 
 def event_arrays(rows: list[tuple], ops: tuple[str, ...], *, run_id: str, rank: int,

@@ -31,7 +31,7 @@ exiting is local.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -40,6 +40,7 @@ from typing import Any
 from bubblecast.errors import BubblecastError
 from bubblecast.runtime.clock import ClockEstimate, estimate_offsets, wall_clock
 from bubblecast.runtime.inject import Injection, parse_inject
+from bubblecast.runtime.parts import Work, document_work
 from bubblecast.runtime.recorder import Recorder
 from bubblecast.telemetry.schema import RunMeta
 
@@ -107,9 +108,8 @@ class Recording:
 
     Attributes: ``recorder`` (the :class:`Recorder`: step hooks, per-layer cost samples),
     ``step`` (the number the next step gets), ``tokens`` (tokens per micro-batch written on
-    each op, None = unknown; settable between steps), ``run_id``, ``events_dir``,
-    ``origin_wall`` (the epoch time event times count from).
-    """
+    each op, None = unknown; settable between steps; or per micro-batch: :meth:`set_documents`),
+    ``run_id``, ``events_dir``, ``origin_wall`` (the epoch time event times count from)."""
 
     def __init__(self, recorder: Recorder, *, first_step: int = 0, tokens: int | None = None,
                  events_dir: Path | None = None, origin_wall: float = 0.0) -> None:
@@ -121,6 +121,7 @@ class Recording:
         self._optimizer: Any = None
         self._schedule_step: Any = None  # what the schedule's own ``step`` attribute was
         self._opt_start: Any = None
+        self._documents: list[Work] = []  # the next step's, from set_documents
 
     @property
     def timing(self) -> str:
@@ -172,11 +173,20 @@ class Recording:
                 self._schedule.step = self._schedule_step
             self._schedule = self._schedule_step = None
 
+    def set_documents(self, lengths: Sequence[Sequence[int]]) -> None:
+        """Call before each ``schedule.step``: ``lengths[m]``, the lengths of the documents
+        packed into micro-batch m of the next step (one list per micro-batch), give its ops
+        ``tokens`` (sum; in place of :attr:`tokens`), ``tokens_sq`` (sum of squares) and
+        ``documents`` (count); null on steps without. Bad lengths raise BubblecastError."""
+        microbatches = getattr(self._schedule, "_n_microbatches", None)
+        self._documents = document_work(lengths, microbatches, "set_documents: lengths")
+
     def _begin(self) -> None:
         if self._open:
             self.end_step()
         tokens = -1 if self.tokens is None else self.tokens
-        self.recorder.begin_step(self.step, tokens)
+        self.recorder.begin_step(self.step, tokens, self._documents)
+        self._documents = []
         self._open = True
 
     def _optimizer_pre(self, *_: Any) -> None:
@@ -305,9 +315,10 @@ def record(schedule: Any, out: str | Path | None = "telemetry/", run_id: str | N
 
     ``out``: directory for the events parts (None: keep them in memory, :meth:`Recording.frame`);
     ``run_id``: the run's name (default: rank 0's start time); ``optimizer``: timed as the
-    ``OPTIMIZER`` op; ``tokens``: tokens per micro-batch (the ``tokens`` column);
+    ``OPTIMIZER`` op; ``tokens``: tokens per micro-batch (the ``tokens`` column; packed
+    documents per step: :meth:`Recording.set_documents`);
     ``flush_every``/``min_part_s``: a part every that many steps, at most one per that many
-    seconds (a part costs ~10 ms of CPU in the writer thread); ``inject``:
+    seconds (a part's CPU cost in the writer thread is mostly fixed); ``inject``:
     emulated slowdowns (``--inject`` grammar); ``timing``: ``auto`` (device on CUDA), ``host``
     or ``device``; ``replica``/``replicas``: this pipeline's data-parallel index and count.
     ``meta``, ``layers``, ``first_step``, ``enabled``, ``parts_dir`` (write the parts exactly

@@ -27,13 +27,15 @@ Columns beyond the required ones: ``layers`` is the number of layers of the chun
 stage) that ran the op at that step (on ``OPTIMIZER`` rows, all layers the rank holds), so
 after a migration it carries the per-step truth; ``tokens`` is the micro-batch's samples x
 sequence length (0 on ``OPTIMIZER`` rows; null when the caller does not know it: -1 given);
-``host`` and ``device`` name where the rank ran.
+given the step's packed documents (:meth:`Recorder.begin_step`), micro-batch m's ops carry
+m's ``tokens``, ``tokens_sq`` and ``documents`` (0 on ``OPTIMIZER`` rows, null on steps
+without; absent from a part without any); ``host`` and ``device`` name where the rank ran.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ from bubblecast.runtime.parts import OPS as _OPS
 from bubblecast.runtime.parts import (
     PartWriter,
     StepView,
+    Work,
     event_arrays,
     event_columns,
     merge_parts,
@@ -111,7 +114,8 @@ class Recorder:
         self._step = 0
         self._stretch = 1.0
         self._chunk_layers: dict[int, int] = {}
-        self._tokens = 0
+        self._plain: Work = (0, -1.0, -1)  # (tokens, tokens_sq, documents) of any micro-batch
+        self._work: Sequence[Work] = ()  # per micro-batch, when the step's documents are known
         self._since_flush = 0
         self.layer_costs: list[dict[str, Any]] = []
         self._layer_modules: dict[int, dict[int, Any]] = {}
@@ -194,8 +198,9 @@ class Recorder:
             time.sleep((self._stretch - 1.0) * (t1 - t0))
             t1 = time.perf_counter()
         if self.record:
+            work = self._work[mb] if mb < len(self._work) else self._plain
             self._rows.append((self._step, chunk, mb, op, t0, t1 - t0,
-                               self._chunk_layers.get(chunk, 0), self._tokens))
+                               self._chunk_layers.get(chunk, 0), *work))
 
     def _op_done_device(self, op: int, chunk: int, mb: int, start: Any) -> None:
         if not self.capture:
@@ -205,8 +210,9 @@ class Recorder:
         assert self.timer is not None
         end = self.timer.mark()
         if self.record:
+            work = self._work[mb] if mb < len(self._work) else self._plain
             self._rows.append((self._step, chunk, mb, op, start, end,
-                               self._chunk_layers.get(chunk, 0), self._tokens))
+                               self._chunk_layers.get(chunk, 0), *work))
 
     def _resolve(self) -> None:
         """Device timing: turn the buffered rows' event pairs into times (waits for them)."""
@@ -222,10 +228,14 @@ class Recorder:
         self._resolved = len(rows)
 
     # -- per step -----------------------------------------------------------------------
-    def begin_step(self, step: int, tokens_per_microbatch: int) -> None:
+    def begin_step(self, step: int, tokens_per_microbatch: int,
+                   work: Sequence[Work] = ()) -> None:
+        """Ops are step ``step`` from now, with ``tokens_per_microbatch`` (-1: unknown) or
+        ``work[m]``: micro-batch m's (tokens, tokens_sq, documents) (``parts.document_work``)."""
         if self.clock_every and step % self.clock_every == 0 and step != self._segments[-1][0]:
             self.reestimate_clock(step)  # collective: every rank begins this step
-        self._step, self._tokens, self.capture = step, tokens_per_microbatch, True
+        self._step, self.capture = step, True
+        self._plain, self._work = (tokens_per_microbatch, -1.0, -1), tuple(work)
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
         self.metrics.begin_step(step)
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
@@ -246,7 +256,7 @@ class Recorder:
         """An ``OPTIMIZER`` row of the current step, from host ``perf_counter`` times."""
         if self.record:
             self._rows.append((self._step, 0, -1, _OPT, t0, t1 - t0,
-                               sum(self._chunk_layers.values()), 0))
+                               sum(self._chunk_layers.values()), *self._optimizer_work()))
 
     def optimizer_start(self) -> Any:
         """A start mark for :meth:`optimizer_done`, on this recorder's clock."""
@@ -258,7 +268,10 @@ class Recorder:
             self.record_optimizer(start, time.perf_counter())
         elif self.record:
             self._rows.append((self._step, 0, -1, _OPT, start, self.timer.mark(),
-                               sum(self._chunk_layers.values()), 0))
+                               sum(self._chunk_layers.values()), *self._optimizer_work()))
+
+    def _optimizer_work(self) -> Work:  # none; documents unknown on steps without
+        return (0, 0.0, 0) if self._work else (0, -1.0, -1)
 
     def add_step_hook(self, fn: StepHook) -> None:
         """Call ``fn(view)`` at the end of every recorded step, before the rows can be flushed.

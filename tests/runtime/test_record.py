@@ -216,6 +216,12 @@ def test_readme_example_runs_under_torchrun(tmp_path: Path,
     assert code == 0, failure_message(tmp_path) + (tmp_path / "torchrun.log").read_text()[-3000:]
     summary = _cli_json(capsys, "inspect", str(tmp_path / "run_id=example"))
     assert summary["steps"] == 6 and summary["stages"] == 2
+    from bubblecast import read_events
+
+    f = read_events(tmp_path / "run_id=example").frame
+    compute = f.loc[f["op"] != "OPTIMIZER"]
+    assert (compute["documents"] == 3).all()  # the example's set_documents
+    assert (compute["tokens_sq"] >= compute["tokens"] ** 2 / 3).all()
 
 
 if __name__ == "__main__":

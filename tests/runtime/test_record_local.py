@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -155,3 +157,68 @@ def test_default_layers_are_the_stage_submodules_children() -> None:
     stage.stage_index = 3
     layers = local_layers([stage], first={3: 10})
     assert list(layers) == [0] and list(layers[0]) == [10, 11]
+
+
+def test_set_documents_fills_tokens_tokens_sq_and_documents_per_microbatch(tmp_path) -> None:
+    from bubblecast.telemetry import read_events
+
+    schedule = Schedule1F1B(mbs=3)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    rec = Recorder(run_id="r", rank=0, stage=0, origin_wall=0.0, events_dir=str(tmp_path),
+                   meta_fn=lambda: RunMeta(schedule="1f1b", microbatches=3), flush_every=1)
+    recording = Recording(rec, tokens=64)
+    recording.attach(schedule, optimizer=opt)
+    lengths = [[3, 4], [10], []]
+    recording.set_documents(lengths)
+    schedule.step()
+    opt.step()
+    schedule.step()  # no set_documents: unknown documents, tokens from ``tokens``
+    opt.step()
+    recording.set_documents([np.array([5, 5], dtype=np.int64), (1,), [2, 2, 2]])
+    schedule.step()
+    recording.close()
+    f = read_events(tmp_path).frame
+    assert str(f["documents"].dtype) == "Int32" and f["tokens_sq"].dtype == "float64"
+    compute = f.loc[f["op"] != "OPTIMIZER"].set_index(["step", "microbatch", "op"])
+    for step, per_mb in ((0, lengths), (2, [[5, 5], [1], [2, 2, 2]])):
+        for mb, docs in enumerate(per_mb):
+            for op in ("F", "B"):
+                row = compute.loc[(step, mb, op)]
+                assert row["tokens"] == sum(docs)
+                assert row["tokens_sq"] == float(sum(d * d for d in docs))
+                assert row["documents"] == len(docs)
+    step1 = compute.loc[1]
+    assert (step1["tokens"] == 64).all()
+    assert step1["tokens_sq"].isna().all() and step1["documents"].isna().all()
+    opt_rows = f.loc[f["op"] == "OPTIMIZER"].set_index("step")
+    assert opt_rows.loc[0, "tokens_sq"] == 0.0 and opt_rows.loc[0, "documents"] == 0
+    assert pd.isna(opt_rows.loc[1, "documents"])
+
+
+def test_without_set_documents_no_document_columns_are_written() -> None:
+    recording, schedule, opt = _recording()
+    schedule.step()
+    opt.step()
+    recording.close()
+    frame = recording.frame()
+    assert "tokens_sq" not in frame.columns and "documents" not in frame.columns
+
+
+@pytest.mark.parametrize(("lengths", "message"), [
+    ([[1, 2]], "set_documents: lengths has 1 micro-batches, the schedule runs 2"),
+    ([[1, -2], [3]], r"set_documents: lengths\[0\]\[1\] is -2: a document length must be "
+                     r"an integer >= 0"),
+    ([[1], [2.5]], r"set_documents: lengths\[1\]\[0\] is 2.5"),
+    ([[1], [True]], r"set_documents: lengths\[1\]\[0\] is True"),
+    ([[1], 7], r"set_documents: lengths\[1\] must be a list of document lengths, got int"),
+    ("12", "set_documents: lengths must be one list of document lengths per micro-batch"),
+])
+def test_bad_document_lengths_are_refused_naming_the_argument(lengths, message) -> None:
+    recording, schedule, _ = _recording()
+    with pytest.raises(BubblecastError, match=message) as err:
+        recording.set_documents(lengths)
+    assert "\n" not in str(err.value)
+    recording.set_documents([[1], [2]])  # a good call after a refused one works
+    schedule.step()
+    recording.close()
+    assert set(recording.frame()["documents"].dropna()) == {1}
