@@ -29,14 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: the reference loop lives in tests/oracles
+if __package__ in (None, ""):  # run as a script: import benchmarks.oracles from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.oracles.sim_reference import simulate_reference  # noqa: E402
 from bubblecast.sim.engine import simulate  # noqa: E402
 from bubblecast.sim.schedules import SCHEDULES, SIMULABLE, schedule_graph  # noqa: E402
 from bubblecast.sim.simulator import SimConfig, simulate_events  # noqa: E402
 from bubblecast.telemetry.io import atomic_write_text, write_events  # noqa: E402
-from tests.oracles.sim_reference import simulate_reference  # noqa: E402
 
 CASES = [(name, 2 if SCHEDULES[name].multi_chunk else 1) for name in SIMULABLE]
 

@@ -189,8 +189,8 @@ def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_pa
 
 # -- two processes ---------------------------------------------------------------------------
 def _reference_losses(steps: int) -> list[float]:
+    from benchmarks.oracles.runtime_reference import Reference
     from bubblecast.runtime.config import ModelSpec, TrainConfig
-    from tests.oracles.runtime_reference import Reference
 
     config = TrainConfig(model=ModelSpec(kind="mlp", layers=8, hidden=32, dtype="float64"),
                          stages=2, microbatches=4, steps=steps, batch_size=16,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.oracles.runtime_reference import Reference
+from benchmarks.oracles.runtime_reference import Reference
 from tests.runtime.dist_scenarios import MIGRATION_STEPS, SCRIPT, config, microbatches_at
 
 pytestmark = pytest.mark.dist

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.oracles.runtime_reference import Reference
 from bubblecast.policy.actions import NoOp, Repartition, SetMicrobatches, SetSchedule
 from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.telemetry import read_events
-from tests.oracles.runtime_reference import Reference
 
 dist = torch.distributed
 SPEC = ModelSpec(kind="gpt", layers=6, hidden=16, seq_len=8, vocab=32, heads=2, dtype="float64")

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.oracles.sim_reference import simulate_reference
 from bubblecast.sim.engine import BLOCK_CELLS, OpGraph, simulate, simulate_rows
 from bubblecast.sim.schedules import SCHEDULES, SIMULABLE, schedule_graph
-from tests.oracles.sim_reference import simulate_reference
 
 
 @st.composite

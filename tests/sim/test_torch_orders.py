@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.oracles.sim_reference import simulate_reference
 from bubblecast.errors import BubblecastError
 from bubblecast.sim import actions
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.schedules import SCHEDULES, build_schedule, schedule_graph, to_torch_actions
-from tests.oracles.sim_reference import simulate_reference
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 HERE = Path(__file__).resolve().parent

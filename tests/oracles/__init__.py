@@ -1,1 +1,0 @@
-"""Test oracles: slow, obviously correct reference implementations checked against the library."""
