@@ -1,14 +1,13 @@
 """LightGBM scoring of a few rows through the single-row C entry point.
 
-``Booster.predict`` costs about 25 µs a call for a handful of rows, most of it the Python
-wrapper (a fresh predictor object, a parameter string, size queries) rather than the trees. A
-served forecast has one row per stage, so :class:`RowScorer` scores each row with
-``LGBM_BoosterPredictForMatSingleRowFast`` (set up once per booster with ``num_threads=1``:
-about 2 µs a row). Each row takes the same float32 input and the same trees, so the result is
-bit-identical; :meth:`RowScorer.build` checks that on probe rows against ``Booster.predict`` and
-declines (None) otherwise. The C functions are reached through ``lightgbm.basic._LIB``, which is
-private: a lightgbm release that moves it only turns this shortcut off.
-"""
+``Booster.predict`` has a per-call overhead for a handful of rows, most of it the Python wrapper
+(a fresh predictor object, a parameter string, size queries) rather than the trees. A served
+forecast has one row per stage, so :class:`RowScorer` scores each row with
+``LGBM_BoosterPredictForMatSingleRowFast`` (set up once per booster with ``num_threads=1``).
+Each row takes the same float32 input and the same trees, so the result is bit-identical;
+:meth:`RowScorer.build` checks that on probe rows against ``Booster.predict`` and declines
+(None) otherwise. The C functions are reached through ``lightgbm.basic._LIB``, which is private:
+a lightgbm release that moves it only turns this shortcut off."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ slowdown must pay back its migration *and the move back* within as many steps as
 been slow so far: no forecaster sees when a fail-slow ends, and under a scale-free prior of
 durations (the simulator's failslow draws them log-uniform) a slowdown seen for ``a`` steps
 ends within the next ``a`` about as often as not. This keeps short events from costing two
-migrations for a few steps of gain (a 17-step failslow cost 1.3% of a 400-step run without it).
+migrations for a few steps of gain.
 
 :class:`MoveBudget`: at most ``max_moves`` moves in any ``per_steps`` consecutive steps, whatever
 the policy wants (no thrashing). Both are configured by :class:`GuardConfig`.

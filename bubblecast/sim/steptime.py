@@ -12,7 +12,7 @@ A few rows of a small graph (a served forecast: one row per horizon, tens of ops
 :func:`scalar_program` instead of the engine: the same recurrence (each op starts at the latest
 of its lane predecessor's end, or the origin, and each dependency's end plus lag x comm) as
 straight-line Python float code compiled once per graph, bit-identical to the engine (the same
-IEEE max and add per op) and about 10x cheaper than its per-level numpy calls at this size.
+IEEE max and add per op) and cheaper than its per-level numpy calls at this size.
 """
 
 from __future__ import annotations

@@ -2,16 +2,14 @@
 
 The runtime recorder writes a part every few seconds from rows it built itself (known dtypes,
 one run, one rank). Going through a DataFrame, :func:`~bubblecast.telemetry.from_frame` and
-:func:`~bubblecast.telemetry.write_events` cost ~9 ms of CPU per part of ~850 rows, nearly
-all of it fixed pandas overhead (frame construction, per-column dtype dispatch, categorical
-conversion), taken from the training ranks on a small machine. :func:`write_rank_arrays`
-checks dtypes and op codes, then the SPEC §1 row rules of
-:mod:`bubblecast.telemetry.row_rules` (the table :mod:`~bubblecast.telemetry.validate`
+:func:`~bubblecast.telemetry.write_events` costs mostly fixed pandas overhead per part (frame
+construction, per-column dtype dispatch, categorical conversion), taken from the training ranks
+on a small machine. :func:`write_rank_arrays` checks dtypes and op codes, then the SPEC §1 row
+rules of :mod:`bubblecast.telemetry.row_rules` (the table :mod:`~bubblecast.telemetry.validate`
 applies too: same order, same messages) with a few numpy passes, and builds the Arrow table
-directly (``run_id`` and ``op`` as dictionary arrays from codes): the file is byte for byte
-the one the DataFrame path writes, atomically. Files a user hands to bubblecast are still
-validated by :func:`~bubblecast.telemetry.read_events` in full.
-"""
+directly (``run_id`` and ``op`` as dictionary arrays from codes): the file is byte for byte the
+one the DataFrame path writes, atomically. Files a user hands to bubblecast are still validated
+by :func:`~bubblecast.telemetry.read_events` in full."""
 
 from __future__ import annotations
 
