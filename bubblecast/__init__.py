@@ -47,11 +47,18 @@ _EXPORTS: dict[str, str] = {
     "simulate_events": "bubblecast.sim.simulator:simulate_events",
     # telemetry of your own torch.distributed.pipelining training loop
     "record": "bubblecast.runtime.record:record",
+    # per-step work planning of packed documents, for any data loader
+    "plan_batch": "bubblecast.policy.plan_api:plan_batch",
+    "WorkCost": "bubblecast.sim.documents:WorkCost",
+    "PlanConfig": "bubblecast.policy.work_plan:PlanConfig",
+    "WorkPlan": "bubblecast.policy.work_plan:WorkPlan",
+    "BalancedBatchSampler": "bubblecast.runtime.balanced_sampler:BalancedBatchSampler",
 }
 
 __all__ = [
-    "BubbleAnalysis", "BubbleForecast", "BubblecastError", "DatasetConfig", "Events", "Policy",
-    "RunMeta", "SimConfig", "Window", "__version__", "evaluate_policies", "load_events",
+    "BalancedBatchSampler", "BubbleAnalysis", "BubbleForecast", "BubblecastError",
+    "DatasetConfig", "Events", "PlanConfig", "Policy", "RunMeta", "SimConfig", "Window",
+    "WorkCost", "WorkPlan", "__version__", "evaluate_policies", "load_events", "plan_batch",
     "read_events", "record", "simulate_events", "write_events",
 ]  # fmt: skip
 
