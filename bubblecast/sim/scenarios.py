@@ -18,7 +18,7 @@ returns a :class:`ScenarioDraw` with the ground truth the simulator applies and 
   mean tokens per micro-batch of the rank's replica at that step).
 
 Registered names (:data:`SCENARIOS`): none, jitter, throttle, thermal, failslow, periodic,
-seqlen, imbalance, mixed.
+seqlen, imbalance, slow-replica, mixed (document runs refuse seqlen; mixed ``exclude``-s it).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim.thermal import ThermalModel, fault_resistance, thermal_trace
+from bubblecast.sim.workload import work_factor
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class Throttle(Scenario):
 
     def draw(self, shape: RunShape) -> ScenarioDraw:
         rng = self.rng()
-        rank = _pick_rank(rng, self.rank, shape)
+        rank = _pick(rng, self.rank, shape.ranks)
         onset = int(rng.integers(0, max(1, shape.steps // 2)))
         ramp = int(rng.integers(self.ramp_min, self.ramp_max + 1))
         level = float(rng.uniform(self.slow_min, self.slow_max))
@@ -152,20 +154,15 @@ class Thermal(Throttle):
     t_throttle: float = 85.0
 
     def draw(self, shape: RunShape) -> ScenarioDraw:
-        from bubblecast.sim.thermal import ThermalModel, fault_resistance, thermal_trace
-
-        base = super().draw(shape)
-        info = base.info
+        info = super().draw(shape).info
         model = ThermalModel(tau_steps=self.tau_steps, t_throttle=self.t_throttle)
         r_fault = model.r_for_slowdown(info["level"])
         healthy = thermal_trace(model, shape.steps, np.full(shape.steps, model.r_nominal))
         faulty = thermal_trace(model, shape.steps, fault_resistance(
             model, shape.steps, info["onset"], info["ramp"], r_fault))
-        metrics = {}
-        for name in ("temperature_c", "sm_clock_mhz", "power_w"):
-            values = np.repeat(healthy[name][:, None], shape.ranks, axis=1)
-            values[:, info["rank"]] = faulty[name]
-            metrics[name] = values
+        on_rank = np.arange(shape.ranks)[None, :] == info["rank"]
+        metrics = {name: np.where(on_rank, faulty[name][:, None], healthy[name][:, None])
+                   for name in ("temperature_c", "sm_clock_mhz", "power_w")}
         speed = np.ones((shape.steps, shape.ranks))
         speed[:, info["rank"]] = faulty["speed"]
         throttled = np.flatnonzero(faulty["speed"] > 1.0)
@@ -194,7 +191,7 @@ class FailSlow(Scenario):
 
     def draw(self, shape: RunShape) -> ScenarioDraw:
         rng = self.rng()
-        rank = _pick_rank(rng, self.rank, shape)
+        rank = _pick(rng, self.rank, shape.ranks)
         onset = int(rng.integers(0, max(1, shape.steps)))
         duration = int(round(np.exp(rng.uniform(np.log(self.duration_min),
                                                 np.log(self.duration_max)))))
@@ -267,8 +264,6 @@ class SeqLen(Scenario):
             raise BubblecastError("scenario seqlen: quadratic_share must be in [0, 1]")
 
     def draw(self, shape: RunShape) -> ScenarioDraw:
-        from bubblecast.sim.workload import work_factor
-
         rng = self.rng()
         size = (shape.steps, shape.replicas, shape.microbatches)
         raw = rng.lognormal(np.log(self.mean_tokens) - self.sigma ** 2 / 2, self.sigma, size)
@@ -302,23 +297,61 @@ class Imbalance(Scenario):
 
 
 @dataclass(frozen=True)
+class SlowReplica(Scenario):
+    """``slow-replica``: every rank of one data-parallel replica (``replica``, or random)
+    becomes ``factor_min..factor_max`` times slower from an onset step on, drawn at a fraction
+    ``onset_min..onset_max`` of the last step (rounded: 0 = the first step, 1 = the last).
+    Needs >= 2 replicas."""
+
+    name: ClassVar[str] = "slow-replica"
+    factor_min: float = 1.5
+    factor_max: float = 1.5
+    onset_min: float = 0.25
+    onset_max: float = 0.5
+    replica: int | None = None
+    noise_sigma: float = 0.01
+
+    def __post_init__(self) -> None:
+        _check_range("slow-replica factor", self.factor_min, self.factor_max, 1.0)
+        if not 0 <= self.onset_min <= self.onset_max <= 1:  # fractions of the last step
+            raise BubblecastError("scenario slow-replica: need 0 <= onset_min <= onset_max <= 1")
+
+    def draw(self, shape: RunShape) -> ScenarioDraw:
+        if shape.replicas < 2:
+            raise BubblecastError(f"--scenario slow-replica: needs --replicas >= 2, got "
+                                  f"{shape.replicas}")
+        rng = self.rng()
+        replica = _pick(rng, self.replica, shape.replicas, "replica")
+        onset = int(np.rint(rng.uniform(self.onset_min, self.onset_max) * (shape.steps - 1)))
+        factor = float(rng.uniform(self.factor_min, self.factor_max))
+        speed = np.ones((shape.steps, shape.ranks))
+        ranks = list(range(replica * shape.stages, (replica + 1) * shape.stages))
+        speed[onset:, ranks] = factor
+        return ScenarioDraw(speed, self.noise_sigma, info={
+            "replica": replica, "ranks": ranks, "onset": onset, "factor": factor})
+
+
+@dataclass(frozen=True)
 class Mixed(Scenario):
     """``mixed``: ``k_min..k_max`` of the other scenarios (default parameters, own seeds),
-    chosen at random per seed; speeds multiply, noise adds in quadrature."""
+    chosen at random per seed, none of those named in ``exclude`` (document runs exclude
+    ``seqlen``); speeds multiply, noise adds in quadrature."""
 
     name: ClassVar[str] = "mixed"
     k_min: int = 1
     k_max: int = 3
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_range("mixed k", self.k_min, self.k_max, 1)
-        if self.k_max > len(_COMPONENTS):
-            raise BubblecastError(f"scenario mixed: k_max must be <= {len(_COMPONENTS)}")
+        if self.k_max > (left := sum(c.name not in self.exclude for c in _COMPONENTS)):
+            raise BubblecastError(f"scenario mixed: k_max must be <= {left}")
 
     def components(self) -> list[Scenario]:
         rng = self.rng()
         k = int(rng.integers(self.k_min, self.k_max + 1))
-        names = sorted(rng.choice(len(_COMPONENTS), size=k, replace=False).tolist())
+        allowed = np.flatnonzero([c.name not in self.exclude for c in _COMPONENTS])
+        names = sorted(allowed[rng.choice(len(allowed), size=k, replace=False)].tolist())
         seeds = np.random.SeedSequence(self.seed).generate_state(len(_COMPONENTS))
         return [_COMPONENTS[i](seed=int(seeds[i])) for i in names]
 
@@ -334,24 +367,24 @@ class Mixed(Scenario):
             out.metrics.update(d.metrics)
             out.last_stage_extra += d.last_stage_extra
             out.info["components"].append({**sc.params(), **d.info})
-            out.info.update({k: v for k, v in d.info.items()
-                             if k in ("mean_tokens", "quadratic_share")})
+            out.info.update({k: d.info[k] for k in ("mean_tokens", "quadratic_share")
+                             if k in d.info})
         out.noise_sigma = float(np.sqrt(variance))
         return out
 
 
-def _pick_rank(rng: np.random.Generator, rank: int | None, shape: RunShape) -> int:
-    if rank is None:
-        return int(rng.integers(0, shape.ranks))
-    if not 0 <= rank < shape.ranks:
-        raise BubblecastError(f"scenario: rank {rank} out of range (0..{shape.ranks - 1})")
-    return rank
+def _pick(rng: np.random.Generator, value: int | None, count: int, what: str = "rank") -> int:
+    if value is None:
+        return int(rng.integers(0, count))
+    if not 0 <= value < count:
+        raise BubblecastError(f"scenario: {what} {value} out of range (0..{count - 1})")
+    return value
 
 
 _COMPONENTS: tuple[type[Scenario], ...] = (Jitter, Throttle, FailSlow, Periodic, SeqLen, Imbalance)
 SCENARIOS: dict[str, type[Scenario]] = {
     c.name: c for c in (NoScenario, Jitter, Throttle, Thermal, FailSlow, Periodic, SeqLen,
-                        Imbalance, Mixed)
+                        Imbalance, SlowReplica, Mixed)
 }
 
 
