@@ -25,8 +25,8 @@ def simulate(
     replicas: int = typer.Option(1, "--replicas", help="Data-parallel replicas D."),
     scenario: str = typer.Option("none", "--scenario",
                                  help="none, jitter, throttle, thermal, failslow, periodic, "
-                                      "seqlen, "
-                                      "imbalance or mixed."),
+                                      "seqlen, imbalance, slow-replica (needs --replicas >= 2) "
+                                      "or mixed."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     out: str = typer.Option(..., "--out", help="Events Parquet file to write; a directory "
                              "(DIR/) writes a fleet: one run_id=<id>/ per run."),
@@ -38,10 +38,20 @@ def simulate(
                                               "(default: an even split)."),
     runs: int = typer.Option(1, "--runs", help="Independent runs (seeds derived from --seed)."),
     run_id: str = typer.Option("sim", "--run-id", help="Run id prefix (runs are PREFIX-k)."),
+    documents: str | None = typer.Option(
+        None, "--documents", help="Packed documents: lognormal (each at most a quarter of the "
+        "token budget), long-tail (up to the whole budget) or a JSON file of lengths "
+        "(a list, or {\"lengths\": [...]}); each micro-batch's cost follows its documents."),
+    token_budget: int | None = typer.Option(
+        None, "--token-budget", help="Tokens per packed micro-batch (with --documents) [4096]."),
+    attention_share: float | None = typer.Option(
+        None, "--attention-share", help="Attention's share of a micro-batch's cost at the mean "
+        "document length, in [0, 1) (with --documents) [0.5]."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON summary object."),
 ) -> None:
     """Simulate a pipeline schedule and write its events."""
     from bubblecast.errors import BubblecastError
+    from bubblecast.sim.documents import DEFAULT_ATTENTION_SHARE, DEFAULT_TOKEN_BUDGET
     from bubblecast.sim.simulator import SimConfig, simulate_events, simulate_fleet
     from bubblecast.telemetry.fleet import is_directory_target
     from bubblecast.telemetry.io import write_events
@@ -51,11 +61,17 @@ def simulate(
     if model is not None and not model.startswith("uniform:") and given:
         raise BubblecastError(f"{', '.join(given)}: per-stage times cannot be combined with "
                               f"--model FILE (the file gives per-layer costs)")
+    if documents is None and (token_budget is not None or attention_share is not None):
+        option = "--token-budget" if token_budget is not None else "--attention-share"
+        raise BubblecastError(f"{option}: needs --documents (it sets packed micro-batches)")
     config = SimConfig(
         schedule=schedule, stages=stages, microbatches=microbatches, chunks=chunks,
         f=1.0 if f is None else f, b=1.0 if b is None else b, w=1.0 if w is None else w,
         comm=comm, model=model, partition=parse_int_list(partition, "--partition"),
         steps=steps, replicas=replicas, scenario=scenario, seed=seed, runs=runs, run_id=run_id,
+        documents=documents,
+        token_budget=DEFAULT_TOKEN_BUDGET if token_budget is None else token_budget,
+        attention_share=DEFAULT_ATTENTION_SHARE if attention_share is None else attention_share,
     )
     if is_directory_target(out):  # a fleet, written a run at a time
         run_ids, n_events = simulate_fleet(config, out)

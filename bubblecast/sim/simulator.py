@@ -4,8 +4,16 @@
 ``(runs * steps * replicas, ops)`` duration matrix from the workload, partition and scenario,
 times it with one engine call and writes one row per compute op. Columns beyond the SPEC's
 required ones: ``layers`` (layers the rank holds, summed over its chunks), ``tokens``
-(``seqlen`` scenarios) and ``speed`` (the rank's ground-truth slowdown factor at that step).
-``start_s`` counts from each step's origin (0 = the step's first op), shared by all ranks.
+(``seqlen`` scenarios and document runs), ``tokens_sq`` and ``documents`` (document runs) and
+``speed`` (the rank's ground-truth slowdown factor at that step). ``start_s`` counts from each
+step's origin (0 = the step's first op), shared by all ranks.
+
+Document runs (``documents``, SPEC §3 "Work balancing"): run ``k``'s global batches come from
+``draw_batches`` seeded from (``seed``, ``k``) alone (the same under any scenario or partition),
+the loader's ``next_fit`` packs each into ``replicas * M`` micro-batches, replica ``r`` runs
+``r*M .. r*M+M-1`` in order, and every compute op of a micro-batch (all stages of its replica)
+takes its nominal time times the micro-batch's ``WorkCost.attention(attention_share, mean
+length, token_budget)`` cost (1 = a full micro-batch of mean-length documents), speed, noise.
 
 Ground truth saved in each run's metadata ``extra`` (so the run's compute under another
 partition follows exactly, see :func:`bubblecast.sim.workload.counterfactual_stage_times`):
@@ -14,7 +22,10 @@ partition follows exactly, see :func:`bubblecast.sim.workload.counterfactual_sta
 ``comm_ms``, ``seed``, ``run_index``, ``model``, ``steps``, ``noise_sigma``),
 ``partition_steps`` (``[[first_step, partition], ...]``, only when the partition changes
 between steps; ``partition`` holds step 0's, per virtual stage) and ``tokens_model``
-(``mean_tokens``, ``quadratic_share``) when the ``tokens`` column is filled.
+(``mean_tokens``, ``quadratic_share``) when ``seqlen`` fills ``tokens``; ``documents`` in
+document runs: ``source`` (``DocumentSource.to_json()``), ``attention_share``, ``mean_length``,
+``token_budget``, ``cost`` (the true ``WorkCost``: for the oracle and counterfactuals only) and
+``lengths`` (each step's global batch in arrival order: what the loader holds; policies may).
 Run ``k`` of a config is named ``{run_id}-{k}``; its scenario and noise are seeded from
 (``seed``, ``k``) and do not depend on the partition, so a config differing only in
 ``partition`` simulates the same run's counterfactual, noise included.
@@ -30,8 +41,10 @@ import numpy as np
 import pandas as pd
 
 from bubblecast.errors import BubblecastError
+from bubblecast.sim import documents as packing
+from bubblecast.sim.documents import DocumentSource, WorkCost
 from bubblecast.sim.engine import simulate_rows
-from bubblecast.sim.scenarios import RunShape, Scenario, make_scenario
+from bubblecast.sim.scenarios import Mixed, RunShape, Scenario, make_scenario
 from bubblecast.sim.schedules import ScheduleGraph, check_schedule
 from bubblecast.sim.shape import PipelineShape
 from bubblecast.sim.steptime import shape_graph
@@ -52,7 +65,9 @@ class SimConfig:
     (``uniform:L``, a file or a :class:`Workload`) replaces ``f/b/w`` by per-layer costs
     (``uniform:L`` scales them from ``f/b/w``); ``partition`` is layers per stage (one list, a
     ``(steps, S)`` array or a callable ``step -> list``; default an even split);
-    ``scenario`` a name or a :class:`Scenario` (run ``k`` reseeds it from ``seed`` and ``k``)."""
+    ``scenario`` a name or a :class:`Scenario` (run ``k`` reseeds it from ``seed`` and ``k``).
+    ``documents`` (a preset or JSON file, resolved here to a :class:`DocumentSource` of
+    ``token_budget``) makes a document run (module doc): no ``seqlen``, ``mixed`` without it."""
 
     schedule: str = "1f1b"
     stages: int = 4
@@ -73,6 +88,9 @@ class SimConfig:
     #: Index of the first run (``runs`` runs from here): a fleet is simulated a run at a time
     #: with ``first_run=k, runs=1``, run ``k`` being the same as in one call for all runs.
     first_run: int = 0
+    documents: str | DocumentSource | None = None
+    token_budget: int = packing.DEFAULT_TOKEN_BUDGET
+    attention_share: float = packing.DEFAULT_ATTENTION_SHARE
 
     def __post_init__(self) -> None:
         name, chunks = check_schedule(self.schedule, self.stages, self.microbatches,
@@ -95,6 +113,23 @@ class SimConfig:
             raise BubblecastError("--partition: needs --model (layers to partition)")
         if not self.run_id:
             raise BubblecastError("run id prefix must not be empty")
+        self._check_documents()
+
+    def _check_documents(self) -> None:
+        source = self.documents
+        if isinstance(source, (str, os.PathLike)):
+            source = packing.load_documents(os.fspath(source), self.token_budget)
+            object.__setattr__(self, "documents", source)
+        elif source is None:
+            DocumentSource(token_budget=self.token_budget)  # the budget's own checks
+        elif source.token_budget != self.token_budget:
+            raise BubblecastError(f"--token-budget: {self.token_budget} differs from the "
+                                  f"document source's {source.token_budget}")
+        WorkCost.attention(self.attention_share, 1.0, self.token_budget)  # the share's checks
+        name = self.scenario.name if isinstance(self.scenario, Scenario) else self.scenario
+        if source is not None and name == "seqlen":
+            raise BubblecastError("--scenario seqlen: draws its own tokens per micro-batch, "
+                                  "which --documents sets; choose another scenario")
 
     def workload(self) -> Workload:
         """Per-layer costs; without a model, one layer per virtual stage (f/V, b/V, w/V)."""
@@ -120,9 +155,13 @@ class SimConfig:
         return int(self.scenario.seed if isinstance(self.scenario, Scenario) else self.seed)
 
     def scenario_for(self, k: int) -> Scenario:
-        """Run ``k``'s scenario, seeded from (``base_seed``, ``k``)."""
+        """Run ``k``'s scenario, seeded from (``base_seed``, ``k``); ``mixed`` without
+        ``seqlen`` in document runs."""
         proto = self.scenario if isinstance(self.scenario, Scenario) \
             else make_scenario(self.scenario)
+        if self.documents is not None and isinstance(proto, Mixed) \
+                and "seqlen" not in proto.exclude:
+            proto = replace(proto, exclude=(*proto.exclude, "seqlen"))
         seed = int(np.random.SeedSequence([self.base_seed, k, 0]).generate_state(1)[0])
         return replace(proto, seed=seed)
 
@@ -152,8 +191,42 @@ def _apply_noise(seed: int, k: int, sigma: float, out: np.ndarray) -> None:
             out[a:a + 64, lo:hi] *= part.transpose(2, 0, 1)
 
 
+@dataclass(frozen=True)
+class DocumentWork:
+    """A document run's work: per ``(steps, replicas, microbatches)`` micro-batch its
+    ``tokens``, ``tokens_sq``, ``documents`` and compute multiplier ``work``; ``meta`` is the
+    run's ``extra["documents"]`` (see the module doc)."""
+
+    tokens: np.ndarray
+    tokens_sq: np.ndarray
+    documents: np.ndarray
+    work: np.ndarray
+    meta: dict[str, Any]
+
+
+def document_work(config: SimConfig, k: int) -> DocumentWork | None:
+    """Run ``k``'s packed documents (see the module doc); None without documents."""
+    source = config.documents
+    if not isinstance(source, DocumentSource):
+        return None
+    steps, replicas, m = config.steps, config.replicas, config.microbatches
+    bins, budget = replicas * m, config.token_budget
+    seed = int(np.random.SeedSequence([config.base_seed, k, 2]).generate_state(1)[0])
+    batches = packing.draw_batches(source, seed, steps, bins)
+    owner = np.concatenate([packing.next_fit(b, budget) + s * bins for s, b in enumerate(batches)])
+    stats = packing.microbatch_stats(np.concatenate(batches), owner, steps * bins)
+    tokens, tokens_sq, documents = (x.reshape(steps, replicas, m) for x in stats)
+    mean = source.mean_length()
+    cost = WorkCost.attention(config.attention_share, mean, budget)
+    meta = {"source": source.to_json(), "attention_share": float(config.attention_share),
+            "mean_length": mean, "token_budget": int(budget), "cost": cost.to_json(),
+            "lengths": [b.tolist() for b in batches]}
+    work = cost.microbatch(tokens, tokens_sq, documents)
+    return DocumentWork(tokens, tokens_sq, documents, work, meta)
+
+
 def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np.ndarray,
-               out: np.ndarray) -> tuple[Any, Workload]:
+               out: np.ndarray, docs: DocumentWork | None) -> tuple[Any, Workload]:
     """Fill ``out`` with run ``k``'s durations in ms, op-major ``(ops, steps, replicas)`` (the
     engine's layout: it then times them without a transposition); its draw and workload."""
     p, steps, replicas = config.stages, config.steps, config.replicas
@@ -176,8 +249,12 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
             np.multiply(base[a:b, :, None], speed[sg.stage[a]][None], out=out[a:b])
     else:
         np.multiply(base[:, :, None], speed[sg.stage], out=out)
-    if draw.work is not None:
-        out *= np.ascontiguousarray(draw.work.transpose(2, 0, 1))[sg.microbatch]
+    if draw.work is not None and docs is not None:
+        raise BubblecastError(f"--scenario {scenario.name}: draws its own micro-batch work, "
+                              f"which --documents sets; choose another scenario")
+    work = draw.work if docs is None else docs.work  # (steps, replicas, M)
+    if work is not None:
+        out *= np.ascontiguousarray(work.transpose(2, 0, 1))[sg.microbatch]
     _apply_noise(config.base_seed, k, draw.noise_sigma, out)
     return (scenario, draw), workload
 
@@ -206,12 +283,15 @@ def simulate_events(config: SimConfig) -> Events:
                              config.schedule)
     n, runs = sg.graph.n_ops, config.runs
     dur = np.empty((n, runs, steps, replicas))  # op-major: the engine's layout
-    metas, draws = {}, []
+    metas, draws, docs = {}, [], []
     for i, run_id in enumerate(config.run_ids()):
         k = config.first_run + i
-        (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[:, i])
+        work = document_work(config, k)
+        (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[:, i],
+                                                work)
         draws.append(draw)
-        metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts)
+        docs += [] if work is None else [work]
+        metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts, work)
         _record_placement(metas[run_id], sg)
     dur_s = dur.reshape(n, -1)
     dur_s /= 1000.0
@@ -251,12 +331,7 @@ def simulate_events(config: SimConfig) -> Events:
         "layers": np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n))
         .reshape(total),
     }, copy=False)  # copy=False: no consolidation copy of same-dtype columns into 2D blocks
-    if any(d.tokens is not None for d in draws):
-        # Runs without token counts get nulls (unknown), never 0 tokens.
-        tok = np.stack([d.tokens.astype(np.float64) if d.tokens is not None
-                        else np.full((steps, replicas, config.microbatches), np.nan)
-                        for d in draws])  # (runs, steps, replicas, m)
-        frame["tokens"] = pd.array(tok[..., sg.microbatch].reshape(total), dtype="Int64")
+    _add_work_columns(frame, sg, draws, docs, (steps, replicas, config.microbatches))
     speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
     frame["speed"] = speed.reshape(runs, steps, replicas, p)[..., sg.stage].reshape(total)
     from bubblecast.telemetry.validate import normalize_frame
@@ -264,8 +339,28 @@ def simulate_events(config: SimConfig) -> Events:
     return Events(normalize_frame(frame), metas)
 
 
+def _add_work_columns(frame: pd.DataFrame, sg: Any, draws: list[Any], docs: list[DocumentWork],
+                      shape: tuple[int, int, int]) -> None:
+    """Per compute op (rows in (run, step, replica, op) order): document runs' ``tokens``,
+    ``tokens_sq``, ``documents``, or ``seqlen``'s ``tokens`` (null where a run has none)."""
+
+    def per_op(cube: np.ndarray) -> np.ndarray:  # (runs, steps, replicas, M) -> one per row
+        return cube[..., sg.microbatch].reshape(len(frame))
+
+    if docs:
+        frame["tokens"] = pd.array(per_op(np.stack([d.tokens for d in docs])), dtype="Int64")
+        frame["tokens_sq"] = per_op(np.stack([d.tokens_sq for d in docs]))
+        frame["documents"] = pd.array(per_op(np.stack([d.documents for d in docs]))
+                                      .astype(np.int32), dtype="Int32")
+    elif any(d.tokens is not None for d in draws):
+        # Runs without token counts get nulls (unknown), never 0 tokens.
+        tok = np.stack([np.full(shape, np.nan) if d.tokens is None
+                        else d.tokens.astype(np.float64) for d in draws])
+        frame["tokens"] = pd.array(per_op(tok), dtype="Int64")
+
+
 def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload: Workload,
-              parts: np.ndarray) -> RunMeta:
+              parts: np.ndarray, docs: DocumentWork | None) -> RunMeta:
     model = config.model if isinstance(config.model, str) or config.model is None \
         else workload.name
     extra: dict[str, Any] = {
@@ -280,6 +375,8 @@ def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload
     if draw.tokens is not None:
         extra["tokens_model"] = {"mean_tokens": draw.info.get("mean_tokens", 1.0),
                                  "quadratic_share": draw.info.get("quadratic_share", 0.0)}
+    if docs is not None:
+        extra["documents"] = docs.meta
     return RunMeta(schedule=config.schedule, stages=config.stages,
                    microbatches=config.microbatches, chunks=config.chunks,
                    replicas=config.replicas, partition=parts[0].tolist(),
