@@ -126,7 +126,7 @@ def check_lengths(lengths: Any, token_budget: int, where: str = "lengths",
         bad = ~np.isfinite(raw) | (raw != np.round(raw))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise BubblecastError(f"{where}[{i}]: length {raw[i]!r} is not an integer")
+            raise BubblecastError(f"{where}[{i}]: length {raw[i].item()!r} is not an integer")
     elif raw.dtype.kind not in "iu":
         raise BubblecastError(f"{where}: expected integer document lengths, got {raw.dtype}")
     out = raw.astype(np.int64)

@@ -25,7 +25,8 @@ between steps; ``partition`` holds step 0's, per virtual stage) and ``tokens_mod
 (``mean_tokens``, ``quadratic_share``) when ``seqlen`` fills ``tokens``; ``documents`` in
 document runs: ``source`` (``DocumentSource.to_json()``), ``attention_share``, ``mean_length``,
 ``token_budget``, ``cost`` (the true ``WorkCost``: for the oracle and counterfactuals only) and
-``lengths`` (each step's global batch in arrival order: what the loader holds; policies may).
+``lengths`` (each step's global batch in arrival order: what the loader holds; policies may),
+with ``tokens_ref`` (the run's mean tokens per micro-batch: one unit of load for features).
 Run ``k`` of a config is named ``{run_id}-{k}``; its scenario and noise are seeded from
 (``seed``, ``k``) and do not depend on the partition, so a config differing only in
 ``partition`` simulates the same run's counterfactual, noise included.
@@ -377,6 +378,7 @@ def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload
                                  "quadratic_share": draw.info.get("quadratic_share", 0.0)}
     if docs is not None:
         extra["documents"] = docs.meta
+        extra["tokens_ref"] = float(docs.tokens.mean())  # one unit of micro-batch load
     return RunMeta(schedule=config.schedule, stages=config.stages,
                    microbatches=config.microbatches, chunks=config.chunks,
                    replicas=config.replicas, partition=parts[0].tolist(),
