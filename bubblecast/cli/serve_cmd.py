@@ -30,6 +30,9 @@ def serve(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri",
                                             help="MLflow tracking URI for models:/ URIs."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    cost_model: str | None = typer.Option(
+        None, "--cost-model", help="Cost-model directory or models:/ URI (`train --model "
+        "cost`) that POST /v1/plan uses for requests with \"cost\": \"served\"."),
     workers: int = typer.Option(
         1, "--workers", min=1, max=64, help="Worker processes, each with its own copy of the "
         "model, sharing the port. A forecast costs ~1.5-2 ms of server CPU over HTTP, so one "
@@ -56,6 +59,11 @@ def serve(
         raise BubblecastError(f"--watch-interval: must be >= 0, got {watch_interval}")
     config = ServeConfig(token=token, max_body_bytes=max_body_bytes,
                          watch_interval_s=watch_interval or None)
+    served_cost = None
+    if cost_model is not None:
+        from bubblecast.policy.plan_api import load_cost
+
+        served_cost = load_cost(cost_model, tracking_uri)
     predictor = Predictor.from_source(model, tracking_uri=tracking_uri)
     sock = bind(host, port)  # before anything is printed: a busy port is a one-line error
     try:
@@ -70,11 +78,13 @@ def serve(
         if workers > 1:
             _run_workers(sock, workers, log_level, {
                 "model": model, "tracking_uri": tracking_uri, "max_body_bytes": max_body_bytes,
+                "cost_model": cost_model,
                 "token_file": str(token_file.resolve()) if token_file else None,
                 "watch_interval_s": config.watch_interval_s})
             return
         server = uvicorn.Server(uvicorn.Config(
-            create_app(predictor, source=model, config=config), host=host, port=port,
+            create_app(predictor, source=model, config=config, cost_model=served_cost),
+            host=host, port=port,
             log_level=log_level, access_log=False, server_header=False))
         server.run(sockets=[sock])
     finally:
@@ -116,8 +126,13 @@ def worker_app() -> object:
     config = ServeConfig(token=token, max_body_bytes=int(s["max_body_bytes"]),
                          watch_interval_s=s["watch_interval_s"])
     model, uri = str(s["model"]), s["tracking_uri"]
+    served_cost = None
+    if s.get("cost_model"):
+        from bubblecast.policy.plan_api import load_cost
+
+        served_cost = load_cost(s["cost_model"], uri)
     return create_app(Predictor.from_source(model, tracking_uri=uri), source=model,
-                      config=config)
+                      config=config, cost_model=served_cost)
 
 
 def bind(host: str, port: int) -> socket.socket:

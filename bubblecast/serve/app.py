@@ -6,7 +6,10 @@ bearer token (constant-time), caps the request body (Content-Length and the byte
 streamed) and records Prometheus metrics. Forecasts run directly on the event loop, since a
 forecast is a bounded sub-millisecond computation and a thread hop would cost more than it
 saves; a recommendation (the policy's solver and timing engine, up to about a second for the
-largest request the schema allows) runs in the thread pool so the loop keeps answering. A
+largest request the schema allows) and a step's work plan (``POST /v1/plan``, the planner of
+``bubblecast.plan_batch``, about 0.5 s at the largest) run in the thread pool so the loop keeps
+answering. Planning needs no forecasting model (no 503); ``cost: "served"`` uses the cost
+model the app was created with. A
 well-formed ``POST /v1/forecast`` is answered by the guard itself from the buffered body
 (pydantic parses the JSON; no routing or dependency solving); anything it declines goes to the
 FastAPI route, so errors and the OpenAPI schema stay the route's. Reloads run in a worker
@@ -16,7 +19,9 @@ thread and swap the model in one assignment.
 from __future__ import annotations
 
 import gc
+import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +46,8 @@ from bubblecast.serve.schemas import (
     ForecastRequest,
     ForecastResponse,
     ModelInfoResponse,
+    PlanRequest,
+    PlanResponse,
     RecommendRequest,
     RecommendResponse,
     RequestError,
@@ -48,8 +55,8 @@ from bubblecast.serve.schemas import (
 
 log = logging.getLogger("bubblecast.serve")
 
-ROUTES = ("/v1/forecast", "/v1/recommend", "/v1/model", "/v1/admin/reload", "/healthz",
-          "/readyz", "/metrics", "/openapi.json", "/docs")
+ROUTES = ("/v1/forecast", "/v1/recommend", "/v1/plan", "/v1/model", "/v1/admin/reload",
+          "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs")
 
 
 @dataclass
@@ -120,6 +127,35 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+_FIELD = re.compile(r"^-{0,2}([A-Za-z_][\w.\[\]]*): (.*)$", re.DOTALL)
+
+
+def plan_json(request: PlanRequest, served: Any = None) -> bytes:
+    """The plan of ``request`` as ``bubblecast.plan_batch`` makes it (``WorkPlan.to_json()``
+    bytes); ``served``: the app's cost model for ``cost: "served"``. RequestError (-> 422,
+    naming the field) on what the planner refuses."""
+    from bubblecast.policy.plan_api import plan_batch
+
+    cost: Any = request.cost
+    if cost == "served":
+        if served is None:
+            raise RequestError("cost", "this service has no cost model (start it with "
+                                       "--cost-model DIR)")
+        cost = served
+    elif cost is not None:
+        cost = cost.model_dump()
+    try:
+        plan = plan_batch(request.lengths, token_budget=request.token_budget,
+                          replicas=request.replicas, microbatches=request.microbatches,
+                          stages=request.stages, schedule=request.schedule, cost=cost,
+                          speeds=request.speeds)
+    except BubblecastError as exc:
+        match = _FIELD.match(str(exc))
+        raise (RequestError(match.group(1), match.group(2)) if match
+               else RequestError("body", str(exc))) from None
+    return json.dumps(plan.to_json(), allow_nan=False).encode()
+
+
 def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] | None
               ) -> Any:
     """Start-up and shut-down: load the model in a thread when asked to, watch its source."""
@@ -166,8 +202,9 @@ def _lifespan(svc: Service, config: ServeConfig, load: Callable[[], Predictor] |
     return lifespan
 
 
-def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None) -> None:
-    """Error handlers, the two prediction routes and the probes."""
+def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None,
+            cost_model: Any = None) -> None:
+    """Error handlers, the prediction and planning routes and the probes."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -201,6 +238,13 @@ def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None
         # Up to ~1 s of policy work (8 stages, 1,024 layers, 1,024 microbatches): in the
         # thread pool, so probes and forecasts keep being answered meanwhile.
         return _json(await run_in_threadpool(predictor.recommend, request))
+
+    @app.post("/v1/plan", response_model=PlanResponse, responses=_ERRORS)
+    async def plan(request: PlanRequest) -> Response:
+        """One step's work plan: documents per micro-batch per replica, in run order, and
+        micro-batches per replica (``bubblecast.plan_batch``'s answer)."""
+        body = await run_in_threadpool(plan_json, request, cost_model)
+        return Response(body, media_type=JSON)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -263,10 +307,16 @@ def _model_routes(app: FastAPI, svc: Service, source: str | None) -> None:
 
 def create_app(predictor: Predictor | None = None, *, source: str | None = None,
                config: ServeConfig | None = None,
-               load: Callable[[], Predictor] | None = None) -> FastAPI:
+               load: Callable[[], Predictor] | None = None, cost_model: Any = None) -> FastAPI:
     """The service app. Give a loaded ``predictor``, or ``load`` (called in a thread at
-    start-up; ``/readyz`` says 503 until it returns). ``source`` is only reported."""
+    start-up; ``/readyz`` says 503 until it returns). ``source`` is only reported.
+    ``cost_model``: what ``POST /v1/plan`` uses for ``cost: "served"`` (a loaded cost model
+    or a ``WorkCost``; checked here), None for none."""
     config = config or ServeConfig()
+    if cost_model is not None:
+        from bubblecast.policy.plan_api import resolve_cost
+
+        resolve_cost(cost_model, "--cost-model")
     metrics = Metrics(ROUTES)
     svc = Service(predictor, metrics)
 
@@ -274,7 +324,7 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
                   description="Forecasts of pipeline-stage delays and recommended actions.")
     app.state.service = svc
 
-    _routes(app, svc, metrics, bearer(config.token))
+    _routes(app, svc, metrics, bearer(config.token), cost_model)
     _model_routes(app, svc, source)
     app.openapi = service_openapi(  # type: ignore[method-assign]
         app, OPEN_ROUTES, config.token is not None,

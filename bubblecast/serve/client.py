@@ -81,7 +81,8 @@ class ClientStats:
 
 
 class Client:
-    """``Client(url)``: ``forecast(request)`` / ``recommend(request)`` -> response or None.
+    """``Client(url)``: ``forecast(request)`` / ``recommend(request)`` / ``plan(request)`` ->
+    response or None.
 
     ``timeout`` bounds each call in seconds, all attempts together; ``retries`` extra attempts
     follow transport errors and 5xx (never 4xx) after ``backoff * 2**k`` seconds while time is
@@ -126,6 +127,15 @@ class Client:
         from bubblecast.serve.schemas import RecommendResponse
 
         return self._call("/v1/recommend", request, RecommendResponse)
+
+    def plan(self, request: Any) -> Any | None:
+        """A :class:`~bubblecast.serve.schemas.PlanResponse` (``POST /v1/plan``: the step's
+        work plan, as ``bubblecast.plan_batch`` gives it), or None: then keep the data
+        loader's own packing. ``request`` as :class:`~bubblecast.serve.schemas.PlanRequest`
+        (or its dict); a large step may need a ``timeout`` above the default."""
+        from bubblecast.serve.schemas import PlanResponse
+
+        return self._call("/v1/plan", request, PlanResponse)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing never raises into the caller

@@ -3,9 +3,10 @@
 Everything a request can carry is bounded here, so that no input can make the service do
 unbounded work or produce a non-finite number: times are finite, non-negative and at most
 ``MAX_SECONDS``; windows hold 1..``MAX_WINDOW`` steps; a pipeline has at most ``MAX_STAGES``
-stages and ``MAX_OPS`` simulated ops. Checks that need the loaded model (the shortest window it
-accepts, the horizons it knows) live in :mod:`bubblecast.serve.predictor` and fail the same way:
-a 422 whose JSON names the field.
+stages and ``MAX_OPS`` simulated ops; a step to plan holds at most ``MAX_DOCUMENTS``
+documents and ``MAX_PLAN_MICROBATCHES`` micro-batches. Checks that need the loaded model (the
+shortest window it accepts, the horizons it knows) live in :mod:`bubblecast.serve.predictor`
+and fail the same way: a 422 whose JSON names the field.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ MAX_SOLVER_CELLS = 1 << 23  # stages x layers^2 the partition solver may touch
 MAX_HORIZON = 10_000
 MAX_SECONDS = 1e6  # any single time value
 MAX_WORK = 1e12  # work units (layer cost, tokens) per value
+MAX_DOCUMENTS = 16_384  # documents per planning request
+MAX_TOKEN_BUDGET = 1 << 20  # tokens per packed micro-batch
+MAX_REPLICAS = 64
+MAX_PLAN_MICROBATCHES = 4096  # replicas x microbatches of one planned step
 
 #: The schedules the service accepts: every named row of THE schedule table
 #: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), the first
@@ -217,6 +222,60 @@ class RecommendRequest(ForecastRequest):
         return self
 
 
+DocumentLength = Annotated[int, Field(ge=1, le=MAX_TOKEN_BUDGET)]
+Coefficient = Annotated[float, Field(ge=0.0, le=MAX_WORK, allow_inf_nan=False)]
+Speed = Annotated[float, Field(gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+class PlanCost(_Strict):
+    """What one packed micro-batch costs per layer (``bubblecast.WorkCost``): ``per_token *
+    tokens + per_token_sq * tokens_sq + per_document * documents + per_microbatch``."""
+
+    per_token: Coefficient = 0.0
+    per_token_sq: Coefficient = Field(0.0, description="per squared document length")
+    per_document: Coefficient = 0.0
+    per_microbatch: Coefficient = 0.0
+
+    @model_validator(mode="after")
+    def _some_cost(self) -> PlanCost:
+        if not any((self.per_token, self.per_token_sq, self.per_document,
+                    self.per_microbatch)):
+            raise ValueError("every coefficient is 0")
+        return self
+
+
+class PlanRequest(_Strict):
+    """One step's documents to plan (``bubblecast.plan_batch``): which go into which
+    micro-batch of which data-parallel replica, in what order, how many per replica."""
+
+    lengths: list[DocumentLength] = Field(
+        min_length=1, max_length=MAX_DOCUMENTS, description="the step's document lengths "
+        "(tokens), each at most token_budget; at least replicas x microbatches of them")
+    token_budget: int = Field(ge=1, le=MAX_TOKEN_BUDGET, description="tokens per micro-batch")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="data-parallel pipelines")
+    microbatches: int = Field(8, ge=1, le=MAX_MICROBATCHES,
+                              description="micro-batches per replica (on average)")
+    stages: int = Field(1, ge=1, le=MAX_STAGES, description="pipeline stages")
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
+    speeds: list[Speed] | None = Field(
+        None, min_length=1, max_length=MAX_REPLICAS,
+        description="per-replica time multipliers (1.5 = 50% slower); null for equal")
+    cost: PlanCost | Literal["served"] | None = Field(
+        None, description="null: balance token counts; coefficients; or \"served\": the "
+        "cost model the service was started with (--cost-model)")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> PlanRequest:
+        total = self.replicas * self.microbatches
+        if total > MAX_PLAN_MICROBATCHES:
+            raise ValueError(f"microbatches: replicas x microbatches = {total}, limit "
+                             f"{MAX_PLAN_MICROBATCHES}")
+        ops = self.stages * self.microbatches * 3
+        if ops > MAX_OPS:
+            raise ValueError(f"stages: stages x microbatches x 3 = {ops} ops, limit {MAX_OPS}")
+        return self
+
+
 class ModelRef(BaseModel):
     name: str
     version: str
@@ -264,6 +323,20 @@ class ModelInfoResponse(BaseModel):
     horizons: list[int] | None
     feature_path: str | None = Field(None, description="numpy, numpy+pandas or pandas (how "
                                      "the model's input features are computed)")
+
+
+class PlanResponse(BaseModel):
+    """The step's plan (``WorkPlan.to_json()``), the same as ``bubblecast.plan_batch``'s."""
+
+    method: str = Field(description="tokens (cost null: token balancing) or balance")
+    counts: list[int] = Field(description="micro-batches per replica")
+    microbatches: list[list[list[int]]] = Field(
+        description="[replica][j]: indices into lengths of the j-th micro-batch, in run order")
+    cost: list[list[float]] = Field(description="each micro-batch's cost, in the cost's units")
+    predicted_step: float | None = Field(description="predicted step time in cost units x "
+                                         "speed; null for the loader's plan")
+    fallback: str | None = Field(description="why the plan is the loader's packing; null "
+                                 "when planned")
 
 
 class ErrorResponse(BaseModel):
