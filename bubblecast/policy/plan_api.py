@@ -60,11 +60,11 @@ def _cost_from_mapping(obj: Mapping[str, Any], where: str) -> WorkCost:
 
 
 def _from_model(model: Any, where: str) -> tuple[WorkCost, tuple[float, float, float]]:
-    """A loaded cost model's per-layer cost and F/B/W weights; refused (its own message)
-    when it was trained without ``tokens_sq``."""
-    from bubblecast.forecast.cost_model import require_tokens_sq
+    """A loaded cost model's per-layer cost and F/B/W weights; refused (its own message,
+    naming the model's source) when it was trained without ``tokens_sq``."""
+    from bubblecast.forecast.cost_modeldir import require_tokens_sq
 
-    require_tokens_sq(model, where)
+    require_tokens_sq(model, str(getattr(model, "source_", None) or where))
     work = model.work_cost()
     if not isinstance(work, WorkCost):
         raise BubblecastError(f"{where}: the cost model's work_cost() is not a WorkCost")
@@ -75,11 +75,22 @@ def _from_model(model: Any, where: str) -> tuple[WorkCost, tuple[float, float, f
     return work, weights  # type: ignore[return-value]
 
 
+def load_cost(source: str | os.PathLike[str], tracking_uri: str | None = None) -> Any:
+    """A learned cost model from its directory or a ``models:/`` URI
+    (``bubblecast.forecast.cost_modeldir.load_cost_model``), refused when it was trained
+    without ``tokens_sq``."""
+    from bubblecast.forecast.cost_modeldir import load_cost_model
+
+    model = load_cost_model(str(source), tracking_uri)
+    _from_model(model, str(source))
+    return model
+
+
 def resolve_cost(cost: Any, where: str = "cost"
                  ) -> tuple[WorkCost, tuple[float, float, float] | None, str]:
     """``(work cost, F/B/W weights or None, method label)`` for a ``cost`` argument (see the
     module doc): ``None`` is token balancing (label ``tokens``), anything else ``balance``.
-    A string or path is loaded with ``bubblecast.forecast.cost_model.load_cost_model``."""
+    A string or path is loaded with :func:`load_cost`."""
     if cost is None:
         return TOKENS, None, "tokens"
     if isinstance(cost, WorkCost):
@@ -87,9 +98,7 @@ def resolve_cost(cost: Any, where: str = "cost"
     if isinstance(cost, Mapping):
         return _cost_from_mapping(cost, where), None, "balance"
     if isinstance(cost, (str, os.PathLike)):
-        from bubblecast.forecast.cost_model import load_cost_model
-
-        cost = load_cost_model(str(cost))
+        cost = load_cost(cost)
     if callable(getattr(cost, "work_cost", None)) and callable(getattr(cost, "kind_weights",
                                                                        None)):
         work, weights = _from_model(cost, where)

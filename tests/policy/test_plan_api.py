@@ -4,8 +4,6 @@ its one-line errors."""
 from __future__ import annotations
 
 import logging
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -95,26 +93,24 @@ class FakeCostModel:
 
 @pytest.fixture
 def cost_model_module(monkeypatch):
-    """``bubblecast.forecast.cost_model`` with a ``require_tokens_sq`` that refuses models
-    trained without ``tokens_sq`` and a ``load_cost_model`` returning a fake model (the real
-    module when it is installed, its two functions replaced)."""
-    try:
-        import bubblecast.forecast.cost_model as module
-    except ImportError:
-        module = types.ModuleType("bubblecast.forecast.cost_model")
-        monkeypatch.setitem(sys.modules, "bubblecast.forecast.cost_model", module)
+    """``bubblecast.forecast.cost_modeldir``'s ``require_tokens_sq`` refusing models trained
+    without ``tokens_sq`` (the fake's flag) and ``load_cost_model`` returning a fake model."""
+    import bubblecast.forecast.cost_modeldir as module
+
     loaded: list[str] = []
 
     def require_tokens_sq(model, where):
         if not model.tokens_sq:
-            raise BubblecastError(f"{where}: the cost model was trained without tokens_sq")
+            raise BubblecastError(f"cost model {where} was trained without tokens_sq")
 
-    def load_cost_model(source):
+    def load_cost_model(source, tracking_uri=None):
         loaded.append(source)
-        return FakeCostModel(tokens_sq="old" not in source)
+        model = FakeCostModel(tokens_sq="old" not in source)
+        model.source_ = source
+        return model
 
-    monkeypatch.setattr(module, "require_tokens_sq", require_tokens_sq, raising=False)
-    monkeypatch.setattr(module, "load_cost_model", load_cost_model, raising=False)
+    monkeypatch.setattr(module, "require_tokens_sq", require_tokens_sq)
+    monkeypatch.setattr(module, "load_cost_model", load_cost_model)
     return loaded
 
 
@@ -138,9 +134,11 @@ def test_a_cost_model_directory_is_loaded(cost_model_module, tmp_path):
 
 
 def test_a_cost_model_without_tokens_sq_is_refused(cost_model_module):
-    with pytest.raises(BubblecastError, match="^cost: the cost model was trained without "
-                       "tokens_sq$"):
+    with pytest.raises(BubblecastError, match="^cost model models:/old@prod was trained "
+                       "without tokens_sq$"):
         bubblecast.plan_batch(_lengths(), token_budget=1024, cost="models:/old@prod")
+    with pytest.raises(BubblecastError, match="^cost model cost was trained without"):
+        bubblecast.plan_batch(_lengths(), token_budget=1024, cost=FakeCostModel(False))
 
 
 @pytest.mark.parametrize("lengths, match", [
