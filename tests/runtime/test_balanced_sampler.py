@@ -5,6 +5,11 @@ packed-tensor helpers."""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -219,3 +224,37 @@ def test_global_token_loss_is_the_sum_over_global_tokens():
                                              reduction="none")
     assert float(global_token_loss(logits, labels, 10)) == pytest.approx(
         float(each.sum()) / 10, rel=1e-15)
+
+
+# ---- the example under torchrun ------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "balanced_pipeline.py"
+
+
+def _example(tmp_path: Path, method: str, *extra: str) -> list[float]:
+    """Run the example on 2 ranks; its per-step losses (rank 0's lines)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", str(EXAMPLE), "--method", method, "--steps", "3", "--documents", "600",
+           "--token-budget", "256", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(m) for m in re.findall(r"^step \d+: [\d.]+ ms, loss ([\d.]+)",
+                                           proc.stdout, re.M)]
+    assert len(losses) == 3, proc.stdout
+    return losses
+
+
+@pytest.mark.dist
+def test_the_example_trains_the_same_under_static_and_balance_and_records(tmp_path):
+    """Same documents, same model: the losses of static and balanced packing agree (the loss
+    is the global token mean); the balanced run's telemetry has the document columns."""
+    static = _example(tmp_path, "static")
+    balanced = _example(tmp_path, "balance", "--out", str(tmp_path / "tel"))
+    assert static == pytest.approx(balanced, abs=1e-5)
+    assert static[2] < static[0]  # it trains
+    f = bubblecast.read_events(tmp_path / "tel" / "run_id=balanced-balance").frame
+    compute = f.loc[f["op"] == "F"]
+    assert len(compute) == 3 * 2 * 4 and (compute["documents"] >= 1).all()
+    assert ((compute["tokens"] <= 256) & (compute["tokens_sq"] <= compute["tokens"] ** 2)).all()
