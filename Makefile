@@ -40,3 +40,17 @@ fix: $(STAMP)
 
 clean:
 	rm -rf $(VENV) bubblecast-demo .pytest_cache .ruff_cache
+
+# The documentation site (mkdocs.yml) into site/: installs the `docs` extra into .venv on first
+# use (kept out of `make test`'s install), checks that docs/results.md matches
+# benchmarks/results/*.json, and fails on any MkDocs warning (broken links and anchors included).
+.PHONY: docs
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml constraints-dev.txt
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/python tools/results_page.py --check
+	$(BIN)/mkdocs build --strict -d site

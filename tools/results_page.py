@@ -1,0 +1,832 @@
+"""Write the results page, docs/results.md, from benchmarks/results/*.json.
+
+Every number on the page is read from a JSON file a benchmark wrote; nothing is typed by hand.
+One section per benchmark (the JSON's ``benchmark`` key, else the file name: ``bench_fleet-500``
+-> ``fleet``), one subsection per file with its command, machine, date (when the file has
+them) and a table of its headline numbers. Known benchmarks have their own table below
+(``RENDERERS``); any other file gets the generic table of its top-level scalar keys, so a new
+benchmark appears without a change here. A renderer that no longer fits its file (a benchmark
+changed its JSON) falls back to the generic table and says so.
+
+The same run rewrites the "Headline figures" table in README.md between the markers
+``<!-- headline:start -->`` and ``<!-- headline:end -->`` (left alone when README lacks them).
+What the figures mean, caveats and goals: docs/results-notes.md (hand-written, no generated
+numbers); each section links its notes.
+
+    python tools/results_page.py          # rewrite docs/results.md (atomically), README's table
+    python tools/results_page.py --check  # exit 1 if either is stale (tests/test_results_page.py)
+
+Standard library only: it runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+NOTES = "results-notes.md"  # beside the page
+SPLIT = "\\|"  # a 7|5 split inside a table cell
+HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+#: Keys of the common header (benchmarks/_results.py) and other run facts: shown above the
+#: table, never in it.
+HEADER_KEYS = ("benchmark", "machine", "cpus", "command", "python", "numpy", "date", "started",
+               "timestamp", "code")
+DATE_KEYS = ("date", "started", "timestamp")
+
+#: Files written before benchmarks/_results.py's header existed record no command; these are
+#: the commands the README gave for them (text, not figures). A file missing here and in its
+#: JSON shows "not recorded".
+DOCUMENTED_COMMANDS = {
+    "engine.json": "python benchmarks/bench_engine.py --repeat 7",
+    "dataset-m16.json": "python benchmarks/bench_dataset.py",
+    "dataset-m2.json": "python benchmarks/bench_dataset.py --microbatches 2",
+    "forecast.json": "python benchmarks/bench_forecast.py",
+    "bench_policy.json": "python benchmarks/bench_policy.py --steps 400 --seeds 3 "
+                         "--sensitivity '' --ramps ''",
+    "solver.json": "python benchmarks/bench_solver.py --repeats 100",
+    "bench_serve.json": "python benchmarks/bench_serve.py",
+    "bench_serve-2301.json": "python benchmarks/bench_serve.py",
+    "bench_serve-2338.json": "python benchmarks/bench_serve.py",
+    "bench_fleet.json": "python benchmarks/bench_fleet.py --runs 100 --steps 200",
+    "bench_fleet-500.json": "python benchmarks/bench_fleet.py --runs 500 --repeat 3 --no-train "
+                            "--out benchmarks/results/bench_fleet-500.json",
+    "bench_fleet-2000.json": "python benchmarks/bench_fleet.py --runs 2000 --repeat 2 "
+                             "--no-train --out benchmarks/results/bench_fleet-2000.json",
+    "bench_fleet-2000x800.json": "python benchmarks/bench_fleet.py --runs 2000 --steps 800 "
+                                 "--repeat 1 --no-train",
+}
+
+#: What each benchmark measures (words only) and the heading of its notes in results-notes.md.
+ABOUT = {
+    "schedules": ("Bubble fraction and peak activations of every simulable schedule at one "
+                  "setting, as `bubblecast simulate` + `inspect --json` compute them.",
+                  "Schedules"),
+    "engine": ("The vectorised timing engine against the plain event-loop reference, and "
+               "`simulate_events` at the same size.", "Speed and memory"),
+    "write": ("`write_events` against a plain pyarrow write of the same frame, and `simulate` "
+              "end to end (in process and as the command).", "Speed and memory"),
+    "load": ("Loading and validating about 10M events.", "Speed and memory"),
+    "dataset": ("`bubblecast dataset` on simulated events: feature rows, wall time, peak "
+                "memory.", "Speed and memory"),
+    "solver": ("The exact contiguous partition solver.", "Speed and memory"),
+    "record": ("`bubblecast.record` overhead, direct A/B against the same pipeline bare.",
+               "Recording overhead"),
+    "migration": ("Live layer migration between two gloo ranks (Adam state moves with the "
+                  "layers).", "Speed and memory"),
+    "forecast": ("Forecasters on held-out simulated runs: skill against the best baseline and "
+                 "p10-p90 coverage per horizon.", "Forecasting"),
+    "policy": ("Policies replayed offline on held-out simulated runs, migrations paid: mean "
+               "gain against static per scenario.", "Policies offline"),
+    "guard": ("The forecast guard with the shipped model, the trend forecaster and a "
+              "deliberately wrong model.", "The guard with any model"),
+    "serve": ("The prediction service against `mlflow models serve` under open-loop load.",
+              "Serving"),
+    "live": ("The live closed loop on a real 2-stage CPU pipeline with an emulated slowdown.",
+             "Live closed loop"),
+    "fleet": ("`dataset` (and LightGBM training) over a fleet of runs, in process and on a "
+              "local Dask cluster.", "Fleet"),
+    "read": ("`read_events` and `bubblecast dataset` on 10.24M events, this code against an "
+             "older one.", "Reading"),
+}
+
+#: Order of the sections; benchmarks not listed follow, sorted by name.
+ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
+         "forecast", "policy", "guard", "serve", "live", "fleet", "read")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One JSON file of benchmarks/results."""
+
+    path: Path
+    name: str
+    doc: Any
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def benchmark_name(path: Path, doc: Any) -> str:
+    """The JSON's ``benchmark`` key, else the file stem without ``bench_`` and a ``-suffix``."""
+    if isinstance(doc, dict) and isinstance(doc.get("benchmark"), str) and doc["benchmark"]:
+        return doc["benchmark"]
+    stem = path.stem.removeprefix("bench_")
+    return stem.split("-", 1)[0] or stem
+
+
+def load_results(results: Path) -> list[Result]:
+    """Every ``*.json`` in ``results``: files without a ``-suffix`` first, then by name (so
+    ``bench_serve.json`` comes before ``bench_serve-2301.json``); unreadable files stop the run."""
+    out = []
+    for path in sorted(results.glob("*.json"), key=lambda p: ("-" in p.stem, p.name)):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"results_page: cannot read {path}: {exc}") from exc
+        out.append(Result(path, benchmark_name(path, doc), doc))
+    return out
+
+
+def section_order(results: Iterable[Result]) -> list[str]:
+    names = {r.name for r in results}
+    return [n for n in ORDER if n in names] + sorted(names - set(ORDER))
+
+
+# ---------------------------------------------------------------------------------------------
+# formatting
+
+
+def fmt(value: Any, spec: str | None = None) -> str:
+    """A cell: ``None`` is a dash, booleans yes/no, ints with thousands separators, floats by
+    ``spec`` (default: 4 significant digits, no exponent above 10,000)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}" if spec is None else format(value, spec)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if spec is not None:
+            return format(value, spec)
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    if isinstance(value, list) and all(isinstance(v, int | float) for v in value):
+        return ", ".join(fmt(v, spec) for v in value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def pct(value: Any, digits: int = 2) -> str:
+    """A fraction as a signed percentage: 0.0117 -> +1.17%."""
+    return "—" if value is None else f"{value * 100:+.{digits}f}%"
+
+
+def spread(values: Iterable[float], spec: str) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "—"
+    lo, hi = min(vals), max(vals)
+    return format(lo, spec) if lo == hi else f"{format(lo, spec)}-{format(hi, spec)}"
+
+
+def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    lines += ["| " + " | ".join(c if isinstance(c, str) else fmt(c) for c in row) + " |"
+              for row in rows]
+    return lines + [""]
+
+
+def fact(value: Any) -> str:
+    """A value in running text: floats to 6 significant digits, whole ones as integers."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{int(value):,}" if value.is_integer() else f"{value:.6g}"
+    if isinstance(value, list):
+        return ", ".join(fact(v) for v in value)
+    return value if isinstance(value, str) else fmt(value)
+
+
+def facts(pairs: Iterable[tuple[str, Any]]) -> str:
+    """``key value; key value`` for the values that are present."""
+    return "; ".join(f"{k} {fact(v)}" for k, v in pairs if v is not None)
+
+
+def num(value: float | None) -> str:
+    """Three significant digits without an exponent: 0.514, 5.56, 99.4, 3,111."""
+    if value is None:
+        return "—"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc (mkdocs) and GitHub give a plain-text heading."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"[\s]+", "-", text)
+
+
+# ---------------------------------------------------------------------------------------------
+# the generic table and the per-benchmark ones
+
+
+def generic(doc: Any) -> list[str]:
+    """The top-level scalar keys (header keys aside), one row each."""
+    if not isinstance(doc, dict):
+        return [f"A JSON {type(doc).__name__}, not an object: see the file.", ""]
+    rows = [(f"`{k}`", fmt(v)) for k, v in doc.items()
+            if k not in HEADER_KEYS and (v is None or isinstance(v, str | int | float))]
+    if not rows:
+        return ["No top-level scalar values: see the file.", ""]
+    return table(["key", "value"], rows)
+
+
+def r_schedules(doc: dict) -> list[str]:
+    lines = [f"Setting: {facts(doc['setting'].items())}.", ""]
+    rows = [(r["schedule"], r["chunks"], fmt(r["bubble_fraction"], ".4f"),
+             fmt(r["steady_bubble_fraction"], ".4f"), fmt(r["peak_activations_max"], ".2f"),
+             fmt(r.get("paper"), ".4f")) for r in doc["rows"]]
+    return lines + table(["schedule", "chunks", "bubble fraction", "steady bubble fraction",
+                          "peak activations (microbatches, worst rank)", "paper"], rows)
+
+
+def r_engine(doc: dict) -> list[str]:
+    lines = [f"Timing: {doc['timing']}.", ""]
+    rows = []
+    for r in doc["engine"]:
+        alt = r.get("alternating", {})
+        sp = alt.get("per_round_spread", {})
+        rows.append((r["schedule"], r["chunks"], r["ops"],
+                     fmt(r["engine_ops_per_s"] / 1e6, ".0f"),
+                     fmt(r["engine_opmajor_ops_per_s"] / 1e6, ".0f"),
+                     fmt(r["reference_ops_per_s"] / 1e6, ".2f"),
+                     fmt(r["speedup"], ".0f") + "x", fmt(r["speedup_opmajor"], ".0f") + "x",
+                     fmt(alt.get("speedup"), ".0f") + "x",
+                     fmt(alt.get("speedup_opmajor"), ".0f") + "x",
+                     spread(sp.get("speedup", []), ".0f") + " / "
+                     + spread(sp.get("speedup_opmajor", []), ".0f")))
+    lines += table(["schedule", "chunks", "ops", "engine M ops/s `(steps, ops)`",
+                    "engine M ops/s op-major", "reference M ops/s", "speed-up",
+                    "speed-up op-major", "alternating", "alternating op-major",
+                    "per-round spread (C / op-major)"], rows)
+    s = doc.get("simulate")
+    if s:
+        lines += [f"`simulate_events`, {s['steps']:,} steps x {s['stages']} stages x "
+                  f"{s['microbatches']} microbatches: {s['events']:,} events in "
+                  f"{s['simulate_s'] * 1e3:.1f} ms ({s['events_per_s'] / 1e6:.1f} M events/s), "
+                  f"+ {s['write_s'] * 1e3:.0f} ms to write.", ""]
+    cold = doc.get("cold_speedup_min")
+    if cold:
+        lines += [f"Lowest speed-up over the schedules with cold caches (alternating): "
+                  f"op-major {cold['opmajor']:.0f}x, `(steps, ops)` {cold['c_order']:.0f}x.", ""]
+    return lines
+
+
+def r_write(doc: dict) -> list[str]:
+    lines = [f"Timing: {doc.get('timing', '—')}; load average {fmt(doc.get('load_average'))}.",
+             ""]
+    rows = [(w["events"], fmt(w["write_events_s"], ".3f"), fmt(w["write_events_cpu_s"], ".3f"),
+             fmt(w["write_events_rows_per_s"] / 1e6, ".1f"),
+             fmt(w["ratio_wall"], ".2f") + "x (" + spread(w["ratio_wall_range"], ".2f") + ")",
+             fmt(w["file_mb"]["write_events"], ".1f"), fmt(w["file_mb"]["plain"], ".1f"))
+            for w in doc["writes"]]
+    lines += table(["events", "`write_events` s", "CPU s", "M rows/s",
+                    "time vs plain `write_table` (per round)", "MB", "plain MB"], rows)
+    rows = [(s["events"], fmt(s["in_process_s"], ".3f"),
+             fmt(s["in_process_events_per_s"] / 1e6, ".1f"), fmt(s["command_s"], ".3f"),
+             fmt(s["command_events_per_s"] / 1e6, ".1f"), f"`{s['command']}`")
+            for s in doc.get("simulate", [])]
+    if rows:
+        lines += table(["events", "`simulate` in process s", "M events/s", "as the command s",
+                        "M events/s", "command"], rows)
+    return lines
+
+
+def r_load(doc: dict) -> list[str]:
+    tgt = doc.get("target", {})
+    rows = [(doc["rows"], fmt(doc["file_mb"], ".1f"),
+             f"{doc['load_s_median']:.2f} (median of {doc['repeats']})",
+             fmt(doc.get("load_cpu_s_median"), ".2f"), fmt(doc["peak_rss_gb"], ".2f"),
+             facts(tgt.items()), fmt(doc.get("meets_target")))]
+    lines = table(["events", "file MB", "load + validate s", "CPU s", "peak RSS GB", "target",
+                   "met"], rows)
+    ph = doc.get("phases_s")
+    return lines + ([f"Phases (s): {facts(ph.items())}.", ""] if ph else [])
+
+
+def r_dataset(doc: dict) -> list[str]:
+    tot = doc["timings"]["total"]
+    rows = [(doc["events"], fmt(doc.get("microbatches")), doc["feature_rows"],
+             doc["feature_columns"], fmt(tot["wall_s"], ".1f"), fmt(tot["cpu_s"], ".1f"),
+             fmt(doc["peak_rss_gb"], ".2f"), facts(doc.get("targets", {}).items()))]
+    return table(["events", "microbatches", "feature rows", "columns", "wall s", "CPU s",
+                  "peak RSS GB", "targets"], rows)
+
+
+def r_solver(doc: dict) -> list[str]:
+    rows = [(r["layers"], r["stages"], fmt(r["solve_ms"], ".2f"), fmt(r["solve_moves_ms"], ".2f"),
+             fmt(r["solve_memory_cap_ms"], ".2f"), fmt(r["min_bottleneck_ms"], ".2f"),
+             fmt(r["candidates_ms"], ".2f")) for r in doc["rows"]]
+    lines = [f"Median of {doc['repeats']} repeats.", ""]
+    lines += table(["layers", "stages", "solve ms", "with moves ms", "with memory cap ms",
+                    "min bottleneck ms", "candidates ms"], rows)
+    t = doc.get("target")
+    if t:
+        lines += [f"Target: L={t['case'][0]}, P={t['case'][1]} in at most {t['limit_ms']} ms: "
+                  f"{t['solve_ms']:.2f} ms, met: {fmt(t['pass'])}.", ""]
+    return lines
+
+
+def _ci(value: float, ci: list[float]) -> str:
+    return f"{value:+.2f}% ({ci[0]:+.2f}..{ci[1]:+.2f})"
+
+
+def _ab(d: dict) -> tuple[str, str]:
+    return _ci(d["median_pct"], d["ci95_pct"]), _ci(d["total_pct"], d["total_ci95_pct"])
+
+
+def _record_rows(label: str, summary: dict) -> list[tuple[Any, ...]]:
+    rows = []
+    for arm, a in summary["arms"].items():
+        rows.append((label, arm, fmt(summary["step_ms_bare"], ".1f"), *_ab(a["wall"]),
+                     *_ab(a["cpu"]), fmt(a.get("part_cpu_ms_median"), ".1f")))
+    return rows
+
+
+def r_record(doc: dict) -> list[str]:
+    lines = [facts([("model", doc.get("model")), ("rounds", doc.get("rounds")),
+                    ("warm-up rounds dropped", doc.get("warmup_rounds")),
+                    ("block", doc.get("block")), ("code", doc.get("code"))]) + ".", ""]
+    runs = doc.get("runs") or [{"summary": doc["summary"]}]
+    rows = []
+    for i, run in enumerate(runs, 1):
+        rows += _record_rows(f"run {i}" if len(runs) > 1 else "this run", run["summary"])
+    lines += table(["run", "arm", "bare step ms", "wall: median of rounds (95% CI)",
+                    "wall: ratio of totals (95% CI)", "CPU: median (95% CI)",
+                    "CPU: totals (95% CI)", "writer CPU ms per part"], rows)
+    m = doc.get("mean_over_runs")
+    if m:
+        lines += [f"Mean over the runs: wall median {m['wall_median_pct']:+.2f}%, CPU median "
+                  f"{m['cpu_median_pct']:+.2f}%; totals: wall {m['wall_total_pct']:+.2f}%, CPU "
+                  f"{m['cpu_total_pct']:+.2f}%.", ""]
+    if doc.get("verdict"):
+        lines += [f"Verdict recorded with the run: {fmt(doc['verdict'])}.", ""]
+    return lines
+
+
+def r_migration(doc: dict) -> list[str]:
+    s = doc["summary"]
+    rows = [(fmt(s["seconds_per_mb"] * 1e3, ".1f"), fmt(s["fixed_seconds"] * 1e3, ".0f"),
+             fmt(s["mb_per_second"], ".0f"), fmt(s["median_seconds_per_mb"] * 1e3, ".1f"),
+             fmt(s["median_first_step_extra_s"] * 1e3, ".0f"), s["migrations"],
+             fmt(s["all_ok"]))]
+    return table(["fitted ms per MB", "fitted fixed ms", "MB/s", "median ms per MB",
+                  "median first-step extra ms", "migrations", "all ok"], rows)
+
+
+def _horizons(models: dict) -> list[str]:
+    first = next(iter(models.values()))
+    return sorted(first, key=lambda h: int(h.lstrip("h")))
+
+
+def r_forecast(doc: dict) -> list[str]:
+    a = doc.get("args", {})
+    lines = [f"Arguments: {facts(a.items())}; rows: {facts(doc.get('rows', {}).items())}.", ""]
+    ft = doc.get("fit_time", {})
+    if ft:
+        lines += ["Fit time: " + "; ".join(f"{m} {t['wall_s']:.0f} s wall" for m, t in
+                                           ft.items()) + ".", ""]
+    held = doc["held_out"]
+    hs = _horizons(held["models"])
+    rows = [(m, " / ".join(fmt(v[h]["skill"], ".3f") for h in hs),
+             " / ".join(fmt(v[h]["coverage_80"], ".3f") for h in hs),
+             " / ".join(fmt(v[h]["mae"], ".4f") for h in hs))
+            for m, v in held["models"].items()]
+    hl = " / ".join(hs)
+    lines += [f"Held-out runs (best baseline: `{held['baseline']}`):", ""]
+    lines += table(["model", f"skill {hl}", f"p10-p90 coverage {hl}", f"MAE {hl}"], rows)
+    lines += _forecast_scenarios(doc.get("held_out_table", []))
+    jit = doc.get("jitter")
+    if jit:
+        rows = [(m, " / ".join(fmt(v[h]["skill"], ".3f") for h in hs),
+                 " / ".join(fmt(v[h]["coverage_80"], ".3f") for h in hs))
+                for m, v in jit["models"].items() if m in ("lgbm", "seq")]
+        lines += ["Jitter-only runs (a scenario absent from training):", ""]
+        lines += table(["model", f"skill {hl}", f"coverage {hl}"], rows)
+    bub = doc.get("bubbles")
+    if bub:
+        rows = [(b["model"], b["horizon"], fmt(b["predicted"], ".4f"), fmt(b["actual"], ".4f"),
+                 fmt(b["mae"], ".4f")) for b in bub]
+        lines += ["Bubble fraction at t+h, replayed with forecast against actual stage times:",
+                  ""]
+        lines += table(["model", "horizon", "predicted", "actual", "MAE"], rows)
+    if doc.get("targets"):
+        lines += [f"Targets: {facts(doc['targets'].items())}.", ""]
+    return lines
+
+
+def _forecast_scenarios(rows_in: list[dict]) -> list[str]:
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows_in:
+        if r["model"] in ("lgbm", "seq") and r["scenario"] != "all":
+            cells.setdefault((r["scenario"], r["model"]), {})[r["horizon"]] = r
+    if not cells:
+        return []
+    rows = []
+    for (sc, m), byh in sorted(cells.items()):
+        hs = sorted(byh)
+        rows.append((sc, m, " / ".join(fmt(byh[h]["skill"], ".3f") for h in hs),
+                     " / ".join(fmt(byh[h]["coverage_80"], ".3f") for h in hs)))
+    return ["By scenario (held-out runs; horizons in increasing order):", "",
+            *table(["scenario", "model", "skill", "coverage"], rows)]
+
+
+def _mean_gain(runs: dict, policy: str) -> float:
+    return statistics.fmean(r["policies"][policy]["gain_vs_static"] for r in runs.values())
+
+
+def r_policy(doc: dict) -> list[str]:
+    setup = dict(doc.get("setup", {}))
+    mig = setup.pop("migration", {})
+    run = facts([("steps", doc.get("steps")), ("held-out runs per scenario", doc.get("seeds")),
+                 ("wall s", doc.get("wall_s"))])
+    lines = [f"Setup: {facts(setup.items())}; migration: {facts(mig.items())}; {run}.", ""]
+    for name, fc in doc["forecasters"].items():
+        scen = fc["scenarios"]
+        label = next(iter(scen.values())).get("forecaster", name)
+        lines += [f"Predictive with `{name}` ({fmt(label)}); mean gain against static over "
+                  "the runs, positive = faster:", ""]
+        rows = []
+        for sc, v in scen.items():
+            pol = v["policies"]
+            rows.append((sc, fmt(pol["static"]["step_s"] * 1e3, ".1f"),
+                         *(pct(_mean_gain(v["runs"], p)) for p in ("reactive", "predictive",
+                                                                   "oracle")),
+                         f"{pol['predictive']['actions']} / {pol['oracle']['actions']}"))
+        lines += table(["scenario", "static step ms", "reactive", "predictive", "oracle",
+                        "moves predictive / oracle"], rows)
+        lines += _policy_checks(fc["checks"])
+    return lines
+
+
+def _policy_checks(c: dict) -> list[str]:
+    rows = []
+    if "oracle_share_mean" in c:
+        o = c["oracle_share_mean"]
+        rows.append(("share of the oracle's gain, plain mean of runs", pct(o["value"], 1)[1:],
+                     o["runs"], fmt(o["pass"])))
+    if "oracle_share" in c:
+        o = c["oracle_share"]
+        rows.append(("share of the oracle's gain, gain-weighted", pct(o["value"], 1)[1:],
+                     o["runs"], fmt(o["pass"])))
+    if "losses_vs_static" in c:
+        o = c["losses_vs_static"]
+        rows.append(("runs slower than static by more than 0.5%", fmt(o.get("runs_over_0.5%")),
+                     "", fmt(o["pass"])))
+    if "stationary_worst_slowdown" in c:
+        o = c["stationary_worst_slowdown"]
+        rows.append(("worst slowdown on stationary runs", fmt(o["value"]), "", fmt(o["pass"])))
+    return table(["check", "value", "runs", "passed"], rows) if rows else []
+
+
+def r_guard(doc: dict) -> list[str]:
+    run = facts([("steps", doc.get("steps")), ("model", doc.get("model")),
+                 ("wall s", doc.get("wall_s")), ("bound %", doc.get("bound_pct"))])
+    lines = [f"Setup: {facts((doc.get('setup') or {}).items())}; {run}.", ""]
+    rows = [(name, fmt(s["mean_gain_pct"], "+.2f") + "%", fmt(s["worst_gain_pct"], "+.2f") + "%",
+             s["runs_slower_than_bound"], fmt(s["max_moves_over_oracle"], ".0f") + "x",
+             s["moves_where_oracle_idle"], s["runs"], fmt(s["met"]))
+            for name, s in doc["summary"].items()]
+    runs = doc.get("runs", [])
+    for pol in ("reactive", "oracle"):
+        if runs and f"{pol}_gain_pct" in runs[0]:
+            mean = statistics.fmean(r[f"{pol}_gain_pct"] for r in runs)
+            rows.append((pol, f"{mean:+.2f}%", "", "", "", "", len(runs), ""))
+    return lines + table(["predictive with", "mean gain vs static", "worst run",
+                          "runs slower than the bound", "most moves vs oracle",
+                          "moves where the oracle makes none", "runs", "met"], rows)
+
+
+def _mrange(d: dict) -> str:
+    return f"{num(d['median'])} ({num(d['min'])}-{num(d['max'])})"
+
+
+def r_serve(doc: dict) -> list[str]:
+    m = doc.get("machine", {})
+    lines = [facts([("load average at start", m.get("loadavg_at_start")),
+                    ("at end", m.get("loadavg_at_end")), ("generator", m.get("generator"))])
+             + ".", ""]
+    if doc.get("args"):
+        lines += [f"Arguments recorded: {facts(doc['args'].items())}.", ""]
+    s = doc["summary"]
+    rates = [k.split("@", 1)[1] for k in s if k.startswith("bubblecast@")]
+    rows = []
+    for rate in rates:
+        row: list[str] = [rate]
+        for server in ("bubblecast", "mlflow"):
+            cell = s.get(f"{server}@{rate}")
+            row += ([_mrange(cell["p50_ms"]), _mrange(cell["p99_ms"]),
+                     _mrange(cell["achieved_rps"])] if cell else ["—"] * 3)
+        rows.append(row)
+    lines += ["Median (range) over the runs:", ""]
+    lines += table(["offered req/s", "bubblecast p50 ms", "bubblecast p99 ms", "bubblecast req/s",
+                    "mlflow p50 ms", "mlflow p99 ms", "mlflow req/s"], rows)
+    goal_rate = str(doc.get("args", {}).get("goal_rate", "500")).split(".")[0]
+    goal = s.get(f"bubblecast@{goal_rate}")
+    if goal:
+        lines += [f"bubblecast p99 at {goal_rate} req/s, run by run: "
+                  + ", ".join(num(r["p99_ms"]) + " ms" for r in goal["runs"]) + ".", ""]
+    if doc.get("capacity_speedup_per_pair"):
+        lines += [f"Capacity against MLflow, pair by pair: "
+                  f"{spread(doc['capacity_speedup_per_pair'], '.1f')}x.", ""]
+    extra = [("goals", facts(doc.get("goals", {}).items()))]
+    ip = doc.get("in_process")
+    if ip:
+        extra.append(("in-process forecast CPU ms", fmt(ip.get("cpu_mean_ms"), ".2f")))
+    for kind, f in (doc.get("fail_open") or {}).items():
+        extra.append((f"fail-open client, service {kind}",
+                      f"{f['returned_none']} of {f['calls']} calls returned None, p99 "
+                      f"{f['p99_ms']:.1f} ms"))
+    g = doc.get("generator_check")
+    if g:
+        extra.append(("generator check p99 ms", f"wrk {g['wrk']['p99_ms']:.2f}, Python "
+                                                 f"{g['python']['p99_ms']:.2f}"))
+    return lines + table(["what", "value"], extra)
+
+
+def r_live(doc: dict) -> list[str]:
+    lines = [facts([("inject", f"`{doc.get('inject')}`"), ("model", doc.get("model")),
+                    ("decisions every", doc.get("every")), ("wall s", doc.get("wall_s"))]) + ".",
+             ""]
+    rows = []
+    for name, p in doc["policies"].items():
+        moves = " ".join(SPLIT.join(map(str, a["to"])) + f"@{a['step']}" for a in p["actions"])
+        rows.append((name, fmt(p["samples_s_slowed"], ".0f"), fmt(p["ratio_slowed"], ".3f"),
+                     fmt(p["ratio_plateau"], ".3f"), fmt(p.get("first_response_step")),
+                     moves or "—", fmt(p.get("decision_latency_ms"), ".1f")))
+    lines += table(["policy", "samples/s while slowed", "vs static", "vs static on the plateau",
+                    "first move answering the fault", "moves (split@step)",
+                    "decision ms"], rows)
+    g = doc.get("goals")
+    if g:
+        lines += table(["goal", "value"], [(f"`{k}`", fmt(v)) for k, v in g.items()])
+    o = doc.get("overhead")
+    if o:
+        lines += [f"Controller at `static`, with against without it: "
+                  f"{o['overhead_pct_ab']:+.2f}% (A/B), {o['overhead_pct_direct']:+.2f}% "
+                  "(time inside the controller).", ""]
+    return lines
+
+
+def r_fleet(doc: dict) -> list[str]:
+    lines = [facts([("runs", doc.get("runs")), ("steps", doc.get("steps")),
+                    ("events", doc.get("events")), ("feature rows", doc.get("feature_rows")),
+                    ("workers", doc.get("workers")),
+                    ("load average", doc.get("load_average", doc.get("load_average_before"))),
+                    ("after", doc.get("load_average_after"))]) + ".", ""]
+    ip, cl = doc["in_process"], doc["cluster"]
+    rounds = doc.get("rounds", [])
+    rows = [("in process: wall s, CPU s", f"{ip['wall_s']:.2f}, {ip['cpu_s']:.2f}"),
+            ("cluster: wall s, CPU s (command + workers)", f"{cl['wall_s']:.2f}, "
+                                                           f"{cl['cpu_s']:.2f}"),
+            ("speed-up", fmt(doc["speedup"], ".2f") + "x"
+             + (f" ({spread([r['speedup'] for r in rounds], '.2f')}x over {len(rounds)} rounds)"
+                if len(rounds) > 1 else "")),
+            ("speed-up with the cluster's start-up", fmt(doc.get("speedup_with_start"), ".2f")),
+            ("cluster start-up s", fmt(doc.get("cluster_start_s"))),
+            ("peak RSS in process MiB", fmt(ip.get("peak_mib"))),
+            ("peak RSS per worker MiB (command)", f"{fmt(cl.get('worker_peak_mib'))} "
+                                                  f"({fmt(cl.get('driver_peak_mib'))})"),
+            ("same fingerprint", fmt(doc.get("same_fingerprint")))]
+    lines += table(["`dataset`", "value"], rows)
+    lg = doc.get("lgbm")
+    if lg:
+        rows = [(h, fmt(v["in_process"], ".3f"), fmt(v["dask"], ".3f"),
+                 fmt(abs(v["in_process"] - v["dask"]), ".3f")) for h, v in lg["skill"].items()]
+        lines += ["LightGBM held-out skill, in process against `lightgbm.dask`:", ""]
+        lines += table(["horizon", "in process", "`lightgbm.dask`", "difference"], rows)
+        lines += [f"Training wall s: {facts(lg.get('wall_s', {}).items())}.", ""]
+    return lines
+
+
+def r_read(doc: dict) -> list[str]:
+    lines = [facts([("events", doc.get("events")), ("file MiB", doc.get("file_mib")),
+                    ("rounds", doc.get("rounds")), ("baseline", doc.get("baseline")),
+                    ("load average before", doc.get("load_average_before")),
+                    ("after", doc.get("load_average_after"))]) + ".", ""]
+    rows = [(what, fmt(v["wall_s"], ".2f"), fmt(v.get("cpu_s"), ".2f"), fmt(v["peak_gib"], ".2f"))
+            for what, v in doc["summary"].items()]
+    lines += table(["what", "wall s", "CPU s", "peak GiB"], rows)
+    if doc.get("goals"):
+        lines += [f"Goals: {facts(doc['goals'].items())}.", ""]
+    imports = [r["import_s"] for r in doc.get("read_all", []) if "import_s" in r]
+    if imports:
+        lines += [f"Importing bubblecast in a fresh process: {spread(imports, '.2f')} s.", ""]
+    return lines
+
+
+RENDERERS: dict[str, Callable[[dict], list[str]]] = {
+    "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
+    "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
+    "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
+    "live": r_live, "fleet": r_fleet, "read": r_read,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# the page
+
+
+def _machine(doc: dict) -> str | None:
+    m, cpus = doc.get("machine"), doc.get("cpus")
+    if isinstance(m, dict):
+        cpus = cpus or m.get("cpus")
+        m = m.get("platform") or facts((k, v) for k, v in m.items() if isinstance(v, str))
+    if not m and not cpus:
+        return None
+    return f"{m or 'not recorded'}" + (f", {cpus} CPUs" if cpus else "")
+
+
+def command_of(result: Result, short: bool = False) -> str:
+    """The command that wrote the file: its own record, else the documented one, marked."""
+    doc = result.doc if isinstance(result.doc, dict) else {}
+    if isinstance(doc.get("command"), str):
+        return f"`{doc['command'].strip()}`"
+    documented = DOCUMENTED_COMMANDS.get(result.path.name)
+    if documented:
+        note = "documented" if short else "documented; the file records no command"
+        return f"`{documented}` ({note})"
+    return "not recorded in the file"
+
+
+def render_file(result: Result, rel: str) -> list[str]:
+    doc = result.doc
+    lines = [f"### {result.path.name}", "", f"- command: {command_of(result)}"]
+    if isinstance(doc, dict):
+        machine = _machine(doc)
+        if machine:
+            lines.append(f"- machine: {machine}")
+        date = next((doc[k] for k in DATE_KEYS if isinstance(doc.get(k), str)), None)
+        if date:
+            lines.append(f"- date: {date}")
+    lines += [f"- file: `{rel}`", ""]
+    render = RENDERERS.get(result.name)
+    if render is None or not isinstance(doc, dict):
+        return lines + generic(doc)
+    try:
+        return lines + render(doc)
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        return lines + [f"(This file does not have the fields the `{result.name}` table reads "
+                        f"— {type(exc).__name__}: {exc}; its top-level values instead.)", ""] \
+            + generic(doc)
+
+
+def render_page(results: list[Result], root: Path = ROOT) -> str:
+    lines = ["<!-- Generated by tools/results_page.py from benchmarks/results/*.json: do not "
+             "edit. Regenerate with `python tools/results_page.py`. -->", "",
+             "# Measured figures", "",
+             "Every number on this page is read from a JSON file in `benchmarks/results/`, "
+             "written by the command shown with it (`make bench` runs every benchmark). What "
+             f"the figures mean, the load they ran under and which goals were met: "
+             f"[the notes]({NOTES}).", ""]
+    names = section_order(results)
+    index = [(f"[{n}](#{slug(n)})", ", ".join(f"`{r.path.name}`" for r in results if r.name == n))
+             for n in names]
+    lines += table(["benchmark", "files"], index)
+    for name in names:
+        about, notes = ABOUT.get(name, (None, None))
+        lines += [f"## {name}", ""]
+        if about:
+            lines += [about + (f" Notes: [{notes}]({NOTES}#{slug(notes)})." if notes else ""), ""]
+        for r in results:
+            if r.name == name:
+                lines += render_file(r, _rel(r.path, root))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+# ---------------------------------------------------------------------------------------------
+# README's headline table
+
+
+def _find(results: list[Result], filename: str) -> Result | None:
+    return next((r for r in results if r.path.name == filename), None)
+
+
+def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
+    """(what, figure, command) for the few figures README shows; each skipped when its file
+    is missing or has changed shape."""
+    rows = []
+
+    def add(filename: str, what: str | Callable[[dict], str],
+            figure: Callable[[dict], str]) -> None:
+        r = _find(results, filename)
+        if r is None:
+            return
+        try:
+            rows.append((what(r.doc) if callable(what) else what, figure(r.doc),
+                         command_of(r, short=True)))
+        except (KeyError, TypeError, IndexError, ValueError, StopIteration):
+            return
+
+    def sched(d: dict) -> str:
+        by = {r["schedule"]: r["bubble_fraction"] for r in d["rows"]}
+        return ", ".join(f"{s} {by[s]:.4f}" for s in ("1f1b", "zb-h1", "zbv") if s in by)
+
+    def forecast(d: dict) -> str:
+        m = d["held_out"]["models"]["lgbm"]
+        hs = _horizons(d["held_out"]["models"])
+        skill = " / ".join(format(m[h]["skill"], ".3f") for h in hs)
+        cover = " / ".join(format(m[h]["coverage_80"], ".3f") for h in hs)
+        return f"skill {skill}, coverage {cover} ({' / '.join(hs)})"
+
+    def serve(d: dict) -> str:
+        p99 = d["summary"]["bubblecast@500"]["p99_ms"]
+        return (f"p99 {p99['median']:.2f} ms (median of runs, {p99['min']:.2f}-{p99['max']:.2f}); "
+                f"capacity {spread(d['capacity_speedup_per_pair'], '.1f')}x MLflow's")
+
+    def record(d: dict) -> str:
+        m = d["mean_over_runs"]
+        return f"wall {m['wall_median_pct']:+.2f}%, CPU {m['cpu_median_pct']:+.2f}%"
+
+    def fleet(d: dict) -> str:
+        return f"{d['speedup']:.2f}x ({d['events']:,} events)"
+
+    def engine(d: dict) -> str:
+        return f"{d['cold_speedup_min']['opmajor']:.0f}x or more"
+
+    add("schedules.json", lambda d: "Bubble fraction at the zero-bubble paper's Table-5 "
+        f"setting (P={d['setting']['stages']}, M={d['setting']['microbatches']})", sched)
+    add("engine.json", "Timing engine against the reference event loop, slowest schedule, cold "
+        "caches", engine)
+    add("forecast.json", "LightGBM forecasts on held-out runs: skill against the best "
+        "baseline, p10-p90 coverage", forecast)
+    add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
+    add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
+        f"`--cluster local:{d['workers']}` against in process ({d['cpus']} cores)", fleet)
+    add("record.json", lambda d: "`bubblecast.record` overhead, default settings (mean of "
+        f"{len(d['runs'])} runs' medians)", record)
+    return rows
+
+
+def render_headline(results: list[Result]) -> str:
+    rows = _headline_rows(results)
+    lines = [HEAD_START,
+             "<!-- Generated by tools/results_page.py from benchmarks/results/*.json. -->",
+             *table(["what", "figure", "command"], rows)]
+    return "\n".join(lines).rstrip() + "\n" + HEAD_END
+
+
+def with_headline(readme: str, results: list[Result]) -> str:
+    """README with the block between the markers regenerated (unchanged without markers)."""
+    start, end = readme.find(HEAD_START), readme.find(HEAD_END)
+    if start < 0 or end < start:
+        return readme
+    return readme[:start] + render_headline(results) + readme[end + len(HEAD_END):]
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if the page or README's headline table is stale")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder of benchmark JSON")
+    ap.add_argument("--page", type=Path, default=PAGE, help="the page to write")
+    ap.add_argument("--readme", type=Path, default=README,
+                    help="README whose headline table is regenerated (if it has the markers)")
+    args = ap.parse_args(argv)
+    results = load_results(args.results)
+    targets = [(args.page, render_page(results))]
+    if args.readme.exists():
+        targets.append((args.readme, with_headline(args.readme.read_text(), results)))
+    stale = [p for p, text in targets if not p.exists() or p.read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"{p} is stale: run `python tools/results_page.py`", file=sys.stderr)
+        return 1 if stale else 0
+    for p, text in targets:
+        if p in stale:
+            atomic_write(p, text)
+            print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
