@@ -2,7 +2,10 @@
 
 JSON form: ``{"action": "repartition", "partition": [4, 4]}``, ``{"action":
 "set_microbatches", "microbatches": 8}``, ``{"action": "set_schedule", "schedule": "1f1b"}``,
-``{"action": "noop", "reason": "..."}``.
+``{"action": "noop", "reason": "..."}``, ``{"action": "plan_work", "counts": [2, 2],
+"microbatches": [[[0, 3], [1]], [[2], [4, 5]]]}`` (one step's documents: replica ``r``'s
+``j``-th micro-batch in run order holds the documents, by index into the step's batch, of
+``microbatches[r][j]``).
 """
 
 from __future__ import annotations
@@ -54,14 +57,51 @@ class NoOp:
     kind = "noop"
 
 
-Action = Repartition | SetMicrobatches | SetSchedule | NoOp
-_KINDS: dict[str, type] = {c.kind: c for c in (Repartition, SetMicrobatches, SetSchedule, NoOp)}
+@dataclass(frozen=True)
+class PlanWork:
+    """One step's work plan: ``microbatches[r][j]`` are the indices (into the step's documents,
+    in the data loader's order) of replica ``r``'s ``j``-th micro-batch, in run order;
+    ``counts[r]`` is replica ``r``'s number of micro-batches. Indices are integers >= 0 and
+    no document appears twice (the planner also checks that each appears once and that the
+    token budget holds: it knows the lengths)."""
+
+    counts: tuple[int, ...]
+    microbatches: tuple[tuple[tuple[int, ...], ...], ...]
+    kind = "plan_work"
+
+    def __post_init__(self) -> None:
+        try:
+            plan = tuple(tuple(tuple(int(i) for i in mb) for mb in rep)
+                         for rep in self.microbatches)
+            counts = tuple(int(c) for c in self.counts)
+        except (TypeError, ValueError):
+            raise BubblecastError("plan_work microbatches: expected lists of lists of document "
+                                  "indices per replica, and integer counts") from None
+        if counts != tuple(len(rep) for rep in plan):
+            raise BubblecastError(f"plan_work counts {list(counts)}: the plan has "
+                                  f"{[len(rep) for rep in plan]} micro-batches per replica")
+        flat = [i for rep in plan for mb in rep for i in mb]
+        if any(i < 0 for i in flat) or len(set(flat)) != len(flat):
+            raise BubblecastError("plan_work microbatches: document indices must be >= 0 and "
+                                  "each appear once")
+        object.__setattr__(self, "microbatches", plan)
+        object.__setattr__(self, "counts", counts)
+
+
+Action = Repartition | SetMicrobatches | SetSchedule | NoOp | PlanWork
+_KINDS: dict[str, type] = {c.kind: c for c in (Repartition, SetMicrobatches, SetSchedule, NoOp,
+                                               PlanWork)}
+
+
+def _plain(value: Any) -> Any:
+    """Tuples, nested at any depth, as lists (the JSON form)."""
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
 def action_to_json(action: Action) -> dict[str, Any]:
     out: dict[str, Any] = {"action": action.kind}
     for key, value in asdict(action).items():
-        out[key] = list(value) if isinstance(value, tuple) else value
+        out[key] = _plain(value)
     return out
 
 
