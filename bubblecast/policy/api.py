@@ -9,7 +9,11 @@
 
 A :class:`Policy` is a name plus keyword parameters, validated when made (as scikit-learn
 estimators keep theirs: :meth:`Policy.get_params`); the evaluation builds the policy objects of
-:mod:`bubblecast.policy.policies` from it for every run.
+:mod:`bubblecast.policy.policies` from it for every run, or on packed-document runs those of
+:mod:`bubblecast.policy.work_policies` (``static``, ``tokens``, ``balance``, ``oracle``)::
+
+    result = evaluate_policies(["data/sim/documents-lognormal.parquet"],
+                               policies=["static", "tokens", Policy.balance(), "oracle"])
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.policies import POLICIES
+from bubblecast.policy.work_policies import WORK_ONLY, make_work_policy
 from bubblecast.telemetry.events import Events
 
 if TYPE_CHECKING:
@@ -36,8 +41,9 @@ DEFAULT_POLICIES = ("static", "reactive", "predictive", "oracle")
 class Policy:
     """A policy to evaluate: its registered ``name`` and keyword ``params``.
 
-    Make one with :meth:`static`, :meth:`reactive`, :meth:`predictive` or :meth:`oracle`
-    (their parameters are those of :mod:`bubblecast.policy.policies`' classes); a bad name or
+    Make one with :meth:`static`, :meth:`reactive`, :meth:`predictive`, :meth:`oracle`
+    (their parameters are those of :mod:`bubblecast.policy.policies`' classes), :meth:`tokens`
+    or :meth:`balance` (work planners, :mod:`bubblecast.policy.work_policies`); a bad name or
     parameter raises :class:`~bubblecast.errors.BubblecastError` at once.
     """
 
@@ -45,9 +51,9 @@ class Policy:
     params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
+        if self.name not in POLICIES and self.name not in WORK_ONLY:
             raise BubblecastError(f"policy: unknown policy '{self.name}' "
-                                  f"(known: {', '.join(POLICIES)})")
+                                  f"(known: {', '.join([*POLICIES, *WORK_ONLY])})")
         object.__setattr__(self, "params", dict(self.params))
         self.build()  # validates the parameters
 
@@ -77,12 +83,30 @@ class Policy:
         """Knows the realised future: the upper bound the others are measured by."""
         return cls("oracle", {"windows": tuple(windows), "max_candidates": max_candidates})
 
+    @classmethod
+    def tokens(cls) -> Policy:
+        """Packed documents: balance token counts per micro-batch (the hand-written
+        heuristic)."""
+        return cls("tokens")
+
+    @classmethod
+    def balance(cls, refit_every: int = 25, min_fit_steps: int = 2,
+                fit_window: int = 256) -> Policy:
+        """Packed documents: plan packing, order and micro-batches per replica from a cost
+        model (``evaluate_policies(cost_model=...)``, else fitted online to the run's own
+        earlier steps every ``refit_every`` steps, on at most ``fit_window``) and forecast
+        replica speeds."""
+        return cls("balance", {"refit_every": refit_every, "min_fit_steps": min_fit_steps,
+                               "fit_window": fit_window})
+
     def get_params(self) -> dict[str, Any]:
         """The keyword parameters (a copy)."""
         return dict(self.params)
 
     def build(self) -> Any:
         """A fresh :mod:`bubblecast.policy.policies` object with these parameters."""
+        if self.name in WORK_ONLY:
+            return make_work_policy(self.name, **self.params)
         try:
             return POLICIES[self.name](**self.params)
         except TypeError as exc:
@@ -161,14 +185,17 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
                       forecaster: Any | None = None, *, migration: Any | None = None,
                       param_bytes: float = 0.0, memory_cap: float | None = None,
                       layers_per_stage: int = 8, format: str = "auto",
-                      run_ids: Sequence[str] | None = None) -> PolicyEvaluation:
+                      run_ids: Sequence[str] | None = None,
+                      cost_model: Any | None = None) -> PolicyEvaluation:
     """Replay ``runs`` step by step under each policy (``bubblecast policy-eval``).
 
     ``forecaster``: the predictive policy's model (a model directory, a ``models:/`` URI or a
     fitted forecaster; None = the built-in trend extrapolation); ``migration``: migration
     constants or measured migrations (a JSON path, a dict or
     :class:`~bubblecast.policy.cost.MigrationConstants`; None = fitted to what each run
-    records, else built-in constants); the rest as the command's options.
+    records, else built-in constants); ``cost_model``: the balance policy's learned cost model
+    (a model directory, a ``models:/`` URI or a loaded one; None = fitted online to each run);
+    ``forecaster`` also gives balance its replica speeds; the rest as the command's options.
     """
     from bubblecast.policy.cost import MigrationConstants
     from bubblecast.policy.evaluate import EvalConfig, evaluate_events
@@ -186,13 +213,16 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
         constants = MigrationConstants.from_json(migration)
     config = EvalConfig(migration=constants, param_bytes=param_bytes,
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
-                        migration_from_runs=migration is None, policy_params=params)
+                        migration_from_runs=migration is None, policy_params=params,
+                        cost_model=os.fspath(cost_model) if isinstance(cost_model, os.PathLike)
+                        else cost_model)
     model = forecaster
-    if isinstance(forecaster, (str, os.PathLike)) and "predictive" in names:
+    uses = {"predictive", "balance"} & set(names)
+    if isinstance(forecaster, (str, os.PathLike)) and uses:
         from bubblecast.forecast.modeldir import load_model
 
         model = load_model(forecaster)
-    elif "predictive" not in names:
+    elif not uses:
         model = None
     result, traces = evaluate_events(events, names, config, model,
                                      run_ids=list(run_ids) if run_ids else None)

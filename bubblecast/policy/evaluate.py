@@ -8,6 +8,11 @@ Per policy: mean step time (migration included), bubble fraction, speed-up over 
 of the oracle's gain captured, actions taken and migration seconds paid; for predictive also
 its forecast guard's counts (``guard``: decisions, those made by the reactive fallback while
 the model was worse than the naive forecast, moves the move budget blocked).
+
+Packed-document runs (their metadata records each step's documents) are evaluated by
+:mod:`bubblecast.policy.work_eval` instead: there ``static``, ``tokens``, ``balance`` and
+``oracle`` plan each step's documents. Elsewhere ``tokens`` and ``balance`` are reported as
+the static policy with a ``note`` saying the run has no documents.
 """
 
 from __future__ import annotations
@@ -35,7 +40,17 @@ from bubblecast.policy.policies import (
 from bubblecast.policy.rundata import RunData, load_run
 from bubblecast.policy.speeds import model_forecaster
 from bubblecast.policy.state import PolicyState, RunContext
+from bubblecast.policy.work_eval import (
+    NO_DOCUMENTS,
+    evaluate_work_run,
+    is_document_run,
+    work_aggregate,
+)
+from bubblecast.policy.work_policies import WORK_ONLY
 from bubblecast.telemetry.events import Events
+
+#: Every policy name policy-eval knows (partition policies, then the work planners').
+KNOWN: tuple[str, ...] = (*POLICIES, *WORK_ONLY)
 
 REQUIRED_KEYS: tuple[str, ...] = ("step_s", "bubble_fraction", "speedup_vs_static",
                                   "oracle_share", "actions", "migration_s")
@@ -58,7 +73,8 @@ class EvalConfig:
     parameters plus optimizer state plus activations of ``stages`` microbatches in flight (what
     1F1B keeps on its first stage; a bound for the others); ``migration_from_runs``: a run
     whose metadata records measured migrations (the runtime's ``actions``) uses constants
-    fitted to them instead of ``migration``.
+    fitted to them instead of ``migration``; ``cost_model``: the ``balance`` policy's learned
+    cost model (a model directory, a ``models:/`` URI or a loaded model; None fits one online).
     """
 
     migration: MigrationConstants = field(default_factory=MigrationConstants)
@@ -69,6 +85,7 @@ class EvalConfig:
     min_oracle_gain: float = 0.002
     memory_cap: float | None = None
     migration_from_runs: bool = True
+    cost_model: Any = None
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.param_bytes) and self.param_bytes >= 0):
@@ -77,7 +94,7 @@ class EvalConfig:
             raise BubblecastError(f"memory_cap: must be > 0 bytes, got {self.memory_cap}")
         if self.layers_per_stage < 1:
             raise BubblecastError(f"layers_per_stage: must be >= 1, got {self.layers_per_stage}")
-        unknown = [k for k in self.policy_params if k not in POLICIES]
+        unknown = [k for k in self.policy_params if k not in KNOWN]
         if unknown:
             raise BubblecastError(f"policy_params: unknown policy '{unknown[0]}'")
 
@@ -212,7 +229,7 @@ def evaluate_run(run: RunData, names: list[str], config: EvalConfig | None = Non
     """Evaluate ``names`` (static and oracle always run as references) on one run."""
     config = config or EvalConfig()
     migration, source = migration_model(run, config)
-    wanted = list(dict.fromkeys(["static", *names, "oracle"]))
+    wanted = list(dict.fromkeys(["static", *(n for n in names if n not in WORK_ONLY), "oracle"]))
     traces, notes = {}, {}
     for name in wanted:
         policy, note = build_policy(name, run, config, model, events)
@@ -220,6 +237,8 @@ def evaluate_run(run: RunData, names: list[str], config: EvalConfig | None = Non
         if note:
             notes[name] = note
     summary = {name: traces[name].summary() for name in wanted}
+    for name in (n for n in names if n in WORK_ONLY):  # no documents to plan: as static
+        summary[name], traces[name] = {**summary["static"], "note": NO_DOCUMENTS}, traces["static"]
     _compare(summary, config)
     oracle_gain = summary["oracle"]["gain_vs_static"]
     report = {"run_id": run.run_id, "mode": run.mode, "note": run.note, "steps": len(run.steps),
@@ -252,6 +271,7 @@ def aggregate(reports: list[dict[str, Any]], names: list[str]) -> dict[str, dict
             "migration_s": float(sum(p["migration_s"] for p in rows)),
             "runs": len(rows),
         }
+        out[name].update(work_aggregate(rows))
         guards = [p["guard"] for p in rows if "guard" in p]
         if guards:  # the forecast guard's totals: decisions made by the fallback, blocked moves
             out[name]["guard"] = {k: int(sum(g[k] for g in guards)) for k in
@@ -264,16 +284,19 @@ def evaluate_events(events: Events, names: list[str], config: EvalConfig | None 
                     ) -> tuple[dict[str, Any], dict[str, dict[str, PolicyTrace]]]:
     """The ``policy-eval`` report over the runs of ``events`` and the per-run traces."""
     config = config or EvalConfig()
-    bad = [n for n in names if n not in POLICIES]
+    bad = [n for n in names if n not in KNOWN]
     if bad:
         raise BubblecastError(f"--policies: unknown policy '{bad[0]}' (known: "
-                              f"{', '.join(POLICIES)})")
+                              f"{', '.join(KNOWN)})")
     if not names:
         raise BubblecastError("--policies: name at least one policy")
     reports, traces = [], {}
     for run_id in run_ids or events.run_ids:
-        run = load_run(events, run_id, config.layers_per_stage)
-        report, tr = evaluate_run(run, names, config, model, events)
+        if is_document_run(events, run_id):
+            report, tr = evaluate_work_run(events, run_id, names, config, model, _compare)
+        else:
+            run = load_run(events, run_id, config.layers_per_stage)
+            report, tr = evaluate_run(run, names, config, model, events)
         reports.append(report)
         traces[run_id] = tr
     return combine(reports, names, config), traces
@@ -319,7 +342,8 @@ def evaluate_unit(unit: Any, format: str, names: list[str], config: EvalConfig,
            "reports": [], "traces": {}}
     wanted = [r for r in events.run_ids if run_ids is None or r in run_ids]
     if wanted:
-        fc = _model(model) if model is not None and "predictive" in names else None
+        fc = _model(model) if model is not None and {"predictive", "balance"} & set(names) \
+            else None
         result, out["traces"] = evaluate_events(events, names, config, fc, run_ids=wanted)
         out["reports"] = list(result["runs"].values())
     return out
