@@ -28,7 +28,7 @@ from bubblecast.errors import BubblecastError
 #: ``bubblecast`` for ``__version__`` would then appear to import every layer.)
 _EXPORTS: dict[str, str] = {
     # analysis of one run (inspect, whatif, replay, plots)
-    "BubbleAnalysis": "bubblecast.sim.analysis:BubbleAnalysis",
+    "BubbleAnalysis": "bubblecast.policy.work_whatif:BubbleAnalysis",
     # forecasting (dataset, fit, predict, evaluate, model directories)
     "BubbleForecast": "bubblecast.forecast.facade:BubbleForecast",
     "DatasetConfig": "bubblecast.dataset.config:DatasetConfig",

@@ -35,7 +35,7 @@ def local_analysis(file: Path | str, format: str, run: str | None, skip_bad: boo
     ``skip_bad``). A fleet is read run by run (of ``--run``'s run only, when given), so an
     unreadable run fails naming the run and its file, or is skipped with ``skip_bad``; other
     inputs are read as they always were (``skip_bad`` then skips the input if unreadable)."""
-    from bubblecast.sim.analysis import BubbleAnalysis
+    from bubblecast.policy.work_whatif import BubbleAnalysis  # adds balanced_work
     from bubblecast.telemetry.fleet import is_fleet
 
     if not skip_bad and not is_fleet(file):

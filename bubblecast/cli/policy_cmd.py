@@ -1,4 +1,5 @@
-"""``bubblecast policy-eval RUNS...``: offline evaluation of repartitioning policies."""
+"""``bubblecast policy-eval RUNS...``: offline evaluation of repartitioning policies, and of
+work-balancing policies on packed-document runs (SPEC §3 "Work balancing")."""
 
 from __future__ import annotations
 
@@ -14,11 +15,18 @@ from bubblecast.cli.fleet_options import cluster_option, skip_bad_runs_option
 @app.command("policy-eval")
 def policy_eval(
     runs: list[Path] = typer.Argument(..., help="Events files or directories (any --format)."),
-    policies: str = typer.Option("static,reactive,predictive,oracle", "--policies",
-                                 help="Comma-separated: static, reactive, predictive, oracle."),
+    policies: str = typer.Option(
+        "static,reactive,predictive,oracle", "--policies",
+        help="Comma-separated: static, reactive, predictive, oracle; on packed-document runs "
+        "static, tokens, balance, oracle (plans of each step's documents)."),
     model: str | None = typer.Option(
-        None, "--model", help="Forecaster for the predictive policy: a model directory or a "
-        "models:/ URI. Default: the built-in robust trend extrapolation."),
+        None, "--model", help="Forecaster for the predictive policy and for balance's replica "
+        "speeds: a model directory or a models:/ URI. Default: the built-in robust trend "
+        "extrapolation."),
+    cost_model: str | None = typer.Option(
+        None, "--cost-model", help="The balance policy's micro-batch cost model (`train "
+        "--model cost`): a model directory or a models:/ URI. Default: fitted online to each "
+        "run's own earlier steps."),
     migration: Path | None = typer.Option(
         None, "--migration", help="JSON of migration constants (bandwidth_Bps, fixed_pause_s, "
         "optimizer_factor) or of measured migrations {\"migrations\": [{seconds, bytes}]} "
@@ -52,7 +60,7 @@ def policy_eval(
         else MigrationConstants()
     config = EvalConfig(migration=constants, param_bytes=param_bytes,
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
-                        migration_from_runs=migration is None)
+                        migration_from_runs=migration is None, cost_model=cost_model)
     if cluster is not None or skip_bad_runs:
         result, traces = _mapped(runs, names, config, format, model, run, cluster,
                                  skip_bad_runs, json_out)
@@ -71,7 +79,7 @@ def policy_eval(
             raise BubblecastError(f"--run: no run '{missing[0]}' (runs: "
                                   f"{', '.join(sorted(seen)[:10])})")
     fc = None
-    if model is not None and "predictive" in names:
+    if model is not None and {"predictive", "balance"} & set(names):
         from bubblecast.forecast.modeldir import load_model
 
         fc = load_model(model)
@@ -85,21 +93,14 @@ def policy_eval(
 
 
 def _print(result: dict, names: list[str]) -> None:
-    def fmt(value: object, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
+    from bubblecast.cli.render import policy_rows
 
     typer.echo(f"mode: {result['mode']}  ({len(result['runs'])} runs)")
     typer.echo(f"note: {result['note']}")
     if result.get("forecaster"):
-        typer.echo(f"predictive forecaster: {result['forecaster']}")
-    typer.echo(f"{'policy':12} {'step_s':>10} {'bubble':>8} {'speedup':>8} {'oracle%':>8} "
-               f"{'actions':>8} {'migration_s':>12}")
-    for name in names:
-        p = result["policies"][name]
-        share = None if p["oracle_share"] is None else 100 * p["oracle_share"]
-        typer.echo(f"{name:12} {p['step_s']:10.5f} {p['bubble_fraction']:8.4f} "
-                   f"{fmt(p['speedup_vs_static'], '8.4f')} {fmt(share, '8.1f')} "
-                   f"{p['actions']:8d} {p['migration_s']:12.3f}")
+        typer.echo(f"forecaster: {result['forecaster']}")
+    for line in policy_rows(result, names):
+        typer.echo(line)
 
 
 def _mapped(runs: list[Path], names: list[str], config: object, format: str,
@@ -108,14 +109,14 @@ def _mapped(runs: list[Path], names: list[str], config: object, format: str,
     """policy-eval unit by unit (a fleet run by run; on Dask with ``cluster``), reduced here:
     the same report as the in-process path, plus ``skipped_runs`` with ``--skip-bad-runs``."""
     from bubblecast.errors import BubblecastError
-    from bubblecast.policy.evaluate import POLICIES, combine, evaluate_unit
+    from bubblecast.policy.evaluate import KNOWN, combine, evaluate_unit
     from bubblecast.telemetry.cluster import executor, note_skipped
     from bubblecast.telemetry.fleet import units_of
 
-    bad = [n for n in names if n not in POLICIES]
+    bad = [n for n in names if n not in KNOWN]
     if bad or not names:
         raise BubblecastError(f"--policies: unknown policy '{bad[0]}' (known: "
-                              f"{', '.join(POLICIES)})" if bad else
+                              f"{', '.join(KNOWN)})" if bad else
                               "--policies: name at least one policy")
     with executor(cluster, progress=not json_out) as ex:
         units = units_of([p.absolute() for p in runs] if ex.client is not None else runs)

@@ -75,9 +75,37 @@ def print_whatif(result: dict[str, Any]) -> None:
     for col in ("scenario", "step s", "speed-up"):
         table.add_column(col, justify="right")
     for name, sc in r["scenarios"].items():
-        speed = sc.get("speedup")
-        table.add_row(name, _fmt(sc.get("step_s")), "-" if speed is None else f"{speed:.3f}x")
+        speed = (sc or {}).get("speedup")
+        table.add_row(name, _fmt((sc or {}).get("step_s")),
+                      "-" if speed is None else f"{speed:.3f}x")
     console.print(table)
+    if r.get("balanced_work_note"):
+        console.print(f"[bold]balanced_work[/bold]: {r['balanced_work_note']}")
+
+
+def policy_rows(result: dict[str, Any], names: list[str]) -> list[str]:
+    """``policy-eval`` without ``--json``: a header and one line per policy; work-planning
+    columns (imbalance degree, the mean-cost bound, planning ms) when a run packs documents,
+    then the notes (cost model, runs without documents)."""
+    def fmt(value: object, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    work = any("imbalance_degree" in result["policies"][n] for n in names)
+    extra = f" {'imbalance':>9} {'bound_s':>10} {'plan_ms':>8}" if work else ""
+    lines = [f"{'policy':12} {'step_s':>10} {'bubble':>8} {'speedup':>8} {'oracle%':>8} "
+             f"{'actions':>8} {'migration_s':>12}{extra}"]
+    notes = []
+    for name in names:
+        p = result["policies"][name]
+        share = None if p["oracle_share"] is None else 100 * p["oracle_share"]
+        more = (f" {fmt(p.get('imbalance_degree'), '9.4f')} {fmt(p.get('bound_step_s'), '10.5f')}"
+                f" {fmt(p.get('decision_ms'), '8.3f')}") if work else ""
+        lines.append(f"{name:12} {p['step_s']:10.5f} {p['bubble_fraction']:8.4f} "
+                     f"{fmt(p['speedup_vs_static'], '8.4f')} {fmt(share, '8.1f')} "
+                     f"{p['actions']:8d} {p['migration_s']:12.3f}{more}")
+        notes += [f"{name}: {key.replace('_', ' ')}: {p[key]}" for key in ("cost_model", "note")
+                  if p.get(key)]
+    return lines + notes
 
 
 def _print_generic(summary: dict[str, Any]) -> None:
