@@ -289,7 +289,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 def test_committed_document_runs_are_what_their_command_makes(tmp_path, name, preset, seed):
     readme = (DATA / "README.md").read_text()
     args = ["simulate", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8",
-            "--replicas", "4", "--model", "uniform:16", "--steps", "120", "--documents", preset,
+            "--replicas", "4", "--model", "uniform:16", "--steps", "44", "--documents", preset,
             "--attention-share", "0.5", "--scenario", "slow-replica", "--seed", str(seed),
             "--runs", "2", "--run-id", name, "--out"]
     assert f"`bubblecast {' '.join(args)} data/sim/{name}.parquet`" in readme
