@@ -1,4 +1,5 @@
-"""``bubblecast evaluate FEATURES --model URI|DIR ...``: models against the baselines."""
+"""``bubblecast evaluate FEATURES --model URI|DIR ...``: models against the baselines;
+``bubblecast evaluate EVENTS... --model DIR`` of a micro-batch cost model: its error."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from bubblecast.cli.fleet_options import (
 
 @app.command()
 def evaluate(
-    features: Path = typer.Argument(..., help="Features file from `bubblecast dataset`."),
+    features: list[Path] = typer.Argument(
+        ..., metavar="FEATURES|EVENTS...",
+        help="Features file from `bubblecast dataset`; for a cost model, events files or "
+             "directories (any number)."),
     model: list[str] = typer.Option([], "--model",
                                     help="Model directory or models:/NAME@ALIAS (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -32,15 +36,37 @@ def evaluate(
     cluster: str | None = cluster_option(),
     skip_bad_runs: bool = skip_bad_runs_option(FEATURES_ONLY),
 ) -> None:
-    """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines."""
+    """MAE, RMSE, MAPE, pinball, coverage and skill per horizon and scenario, with baselines;
+    for a cost model, its error on events' compute ops."""
     from bubblecast.cli.dataset_cmd import progress_notes
+    from bubblecast.errors import BubblecastError
+    from bubblecast.forecast.cost_model import CostModel
+    from bubblecast.forecast.cost_modeldir import load_any_model
     from bubblecast.forecast.evaluation_run import run_evaluation
     from bubblecast.telemetry.cluster import note_skipped
 
     with progress_notes(not json_out) as note:
-        result = run_evaluation(features, model, seed=seed, track=not no_track,
+        loaded = []
+        for ref in model:
+            note(f"loading {ref}")
+            loaded.append(load_any_model(ref, tracking_uri=tracking_uri))
+        if any(isinstance(m, CostModel) for m in loaded):
+            extra = [name for given, name in ((len(loaded) > 1, "a second --model"),
+                                              (plot is not None, "--plot"),
+                                              (cluster is not None, "--cluster"),
+                                              (skip_bad_runs, "--skip-bad-runs")) if given]
+            if extra:
+                raise BubblecastError(f"--model: a cost model is evaluated on events on its "
+                                      f"own, without {extra[0]}")
+            _evaluate_cost(features, loaded[0], model[0], not no_track, tracking_uri,
+                           json_out, note)
+            return
+        if len(features) != 1:
+            raise BubblecastError(f"evaluate: forecasters are evaluated on one features file, "
+                                  f"got {len(features)} paths")
+        result = run_evaluation(features[0], model, seed=seed, track=not no_track,
                                 tracking_uri=tracking_uri, plot_dir=plot, progress=note,
-                                cluster=cluster, skip_bad=skip_bad_runs)
+                                cluster=cluster, skip_bad=skip_bad_runs, loaded=loaded)
     skipped = getattr(result, "skipped_runs", None)
     note_skipped(skipped or [])
     if json_out:
@@ -50,6 +76,28 @@ def evaluate(
         emit_json(summary)
         return
     _print_evaluation(result)
+
+
+def _evaluate_cost(paths: list[Path], model: object, ref: str, track: bool,
+                   tracking_uri: str | None, json_out: bool, note: object) -> None:
+    """A cost model's error on events read as ``policy-eval`` reads them; ``--json``: the
+    score keys with ``model`` and ``runs``."""
+    from bubblecast.forecast.evaluation_run import run_cost_evaluation
+    from bubblecast.policy.api import load_runs
+
+    listed = ", ".join(map(str, paths))
+    where = listed if len(listed) <= 160 else f"{paths[0]} and {len(paths) - 1} more"
+    note(f"reading {where}")  # type: ignore[operator]
+    events = load_runs([str(p) for p in paths], command="evaluate")
+    result = run_cost_evaluation(events, model, ref, where, track=track,  # type: ignore[arg-type]
+                                 tracking_uri=tracking_uri, progress=note)  # type: ignore[arg-type]
+    if json_out:
+        emit_json(result)
+        return
+    typer.echo(f"cost model {ref} ({result['learner']}) on {result['rows']} ops "
+               f"({result['runs']} runs): p50 relative error {result['p50_rel_error']:.4f}  "
+               f"p90 {result['p90_rel_error']:.4f}  mae {result['mae_s']:.4g} s  coverage "
+               f"p10-p90 {result['coverage_p10_p90']:.3f}")
 
 
 def _print_evaluation(result: object) -> None:

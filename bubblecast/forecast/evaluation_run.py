@@ -1,4 +1,5 @@
-"""What ``bubblecast evaluate`` does: load models, evaluate with the baselines, log to MLflow."""
+"""What ``bubblecast evaluate`` does: load models, evaluate with the baselines, log to MLflow;
+for a micro-batch cost model, its error on events (:func:`run_cost_evaluation`)."""
 
 from __future__ import annotations
 
@@ -14,28 +15,33 @@ import pandas as pd
 from bubblecast.dataset.fleet import read_features_skipping
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.baselines import BASELINES
+from bubblecast.forecast.cost_model import CostModel
 from bubblecast.forecast.evaluate import Evaluation, evaluate, unique_names
-from bubblecast.forecast.modeldir import load_model
+from bubblecast.forecast.modeldir import COST_KIND, load_model
+from bubblecast.telemetry.events import Events
 
 
 def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed: int = 0,
                    track: bool = True, tracking_uri: str | None = None,
                    plot_dir: str | os.PathLike[str] | None = None,
                    progress: Callable[[str], None] | None = None,
-                   cluster: str | None = None, skip_bad: bool = False) -> Evaluation:
-    """Evaluate the models at ``model_refs`` (directories or ``models:/`` URIs) on a file;
-    with ``cluster`` the forecasts of a dataset partitioned by run are made on Dask. Of such a
-    dataset, an unreadable part fails naming its run and file, or with ``skip_bad`` (not with
-    ``cluster``) its run is left out and listed in the result's ``skipped_runs``."""
+                   cluster: str | None = None, skip_bad: bool = False,
+                   loaded: list[Any] | None = None) -> Evaluation:
+    """Evaluate the models at ``model_refs`` (directories or ``models:/`` URIs; ``loaded``:
+    the forecasters already loaded from them) on a file; with ``cluster`` the forecasts of a
+    dataset partitioned by run are made on Dask. Of such a dataset, an unreadable part fails
+    naming its run and file, or with ``skip_bad`` (not with ``cluster``) its run is left out
+    and listed in the result's ``skipped_runs``."""
     note = progress or (lambda _msg: None)
     if skip_bad and cluster is not None:
         raise BubblecastError("--skip-bad-runs: not with --cluster for evaluate (drop one)")
     note(f"reading {features}")
     frame, meta, skipped = read_features_skipping(features, skip_bad)
-    loaded = []
-    for ref in model_refs:
-        note(f"loading {ref}")
-        loaded.append(load_model(ref, tracking_uri=tracking_uri))
+    if loaded is None:
+        loaded = []
+        for ref in model_refs:
+            note(f"loading {ref}")
+            loaded.append(load_model(ref, tracking_uri=tracking_uri))
     names = model_names([m.kind for m in loaded])
     models = dict(zip(names, loaded, strict=True))
     preds = None
@@ -64,6 +70,29 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
                         preds, pngs)
     if skip_bad:
         result.skipped_runs = skipped  # type: ignore[attr-defined]
+    return result
+
+
+def run_cost_evaluation(events: Events, model: CostModel, ref: str, where: str = "events",
+                        track: bool = True, tracking_uri: str | None = None,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``evaluate EVENTS... --model DIR`` of a cost model: its error on the events' compute ops
+    (:meth:`CostModel.score`: ``mae_s``, ``p50_rel_error``, ``p90_rel_error``,
+    ``coverage_p10_p90``, ``rows``, ``learner``, ``runs``) with ``model`` ("cost"); logged to
+    MLflow (``cost.*`` metrics) when ``track``."""
+    note = progress or (lambda _msg: None)
+    note(f"scoring {ref} on {len(events.run_ids)} runs")
+    result = {"model": COST_KIND, **model.score(events, where)}
+    if track:
+        from bubblecast.forecast.tracking import mlflow_run
+
+        note("logging to MLflow")
+        tags = {"bubblecast.command": "evaluate", "bubblecast.kind": COST_KIND}
+        with mlflow_run(tracking_uri, run_name="evaluate", tags=tags) as mlflow:
+            mlflow.log_params({"model.cost": str(ref)[:500], "learner": model.learner_,
+                               "runs": result["runs"], "events": where[:500]})
+            mlflow.log_metrics({f"cost.{k}": float(v) for k, v in result.items()
+                                if isinstance(v, (int, float)) and v == v})
     return result
 
 

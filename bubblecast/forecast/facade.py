@@ -10,6 +10,11 @@ uses (:class:`~bubblecast.forecast.served.FeatureModel`); ``evaluate(runs)`` ret
 memory); ``save``/``load`` use the model-directory format (:mod:`bubblecast.forecast.modeldir`),
 so ``serve`` and ``evaluate`` accept what ``save`` writes. Estimator rules as scikit-learn:
 ``__init__`` stores parameters, ``fit`` returns self, fitted attributes end in ``_``.
+
+The micro-batch cost model (kind ``cost``, :class:`~bubblecast.forecast.cost_model.CostModel`)
+may be one of the models: it is fitted on the runs' events, not their features, forecasts no
+delay signal (``predict`` leaves it out), and ``evaluate`` reports its error
+(:meth:`~bubblecast.forecast.cost_model.CostModel.score`) under ``cost``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from bubblecast.dataset.config import DatasetConfig
     from bubblecast.dataset.window import Window
     from bubblecast.forecast.base import Forecaster
+    from bubblecast.forecast.cost_model import CostModel
     from bubblecast.telemetry.events import Events
 
 Runs = Any  # Events, a path, or a list of paths / Events
@@ -79,12 +85,26 @@ def window_from_events(events: Events, run_id: str | None = None, replica: int =
                   layers=layers if np.isfinite(layers).any() else None)
 
 
+def _sources(runs: Runs) -> list[str]:
+    """The paths among ``runs`` (recorded with the features)."""
+    return [str(r) for r in (runs if isinstance(runs, (list, tuple)) else [runs])
+            if isinstance(r, (str, os.PathLike))]
+
+
+def _horizons(forecasters: Sequence[Any]) -> list[int]:
+    """The horizons every forecaster forecasts (none without forecasters)."""
+    if not forecasters:
+        return []
+    return sorted(set.intersection(*(set(m.horizons_) for m in forecasters)))
+
+
 class BubbleForecast:
     """Forecast each stage's delay signal ``horizons`` steps ahead with ``models``.
 
     ``models``: kinds (``lgbm``, ``seq``, ``last``, ``ewma``, ``rolling_median``,
-    ``seasonal_naive``), ``(kind, params)`` pairs such as ``("lgbm", {"n_estimators": 80})``,
-    or unfitted forecaster instances (cloned at fit). ``horizons``,
+    ``seasonal_naive``, and ``cost``: the micro-batch cost model), ``(kind, params)`` pairs
+    such as ``("lgbm", {"n_estimators": 80})``, or unfitted forecaster (or cost model)
+    instances (cloned at fit). ``horizons``,
     ``windows`` and ``lags`` configure the dataset as ``bubblecast dataset`` does; ``seed``
     seeds every model given by kind and the evaluation's cross-fitting; ``format`` is the input
     format of paths given as runs.
@@ -135,27 +155,30 @@ class BubbleForecast:
         from bubblecast.dataset.builder import build_dataset
 
         config = getattr(self, "dataset_config_", None) or self.dataset_config()
-        sources = [str(r) for r in (runs if isinstance(runs, (list, tuple)) else [runs])
-                   if isinstance(r, (str, os.PathLike))]
-        return build_dataset(as_events(runs, self.format), config, sources=sources)
+        return build_dataset(as_events(runs, self.format), config, sources=_sources(runs))
 
-    def _unfitted(self) -> list[Forecaster]:
+    def _unfitted(self) -> list[Forecaster | CostModel]:
         from bubblecast.forecast.base import Forecaster
-        from bubblecast.forecast.modeldir import make_model, model_class
+        from bubblecast.forecast.cost_model import CostModel
+        from bubblecast.forecast.modeldir import COST_KIND, make_model, model_class
 
-        if isinstance(self.models, (str, Forecaster)):
+        if isinstance(self.models, (str, Forecaster, CostModel)):
             raise BubblecastError("models: give a list, e.g. models=['lgbm']")
-        out = []
+        out: list[Forecaster | CostModel] = []
         for spec in self.models:
             if isinstance(spec, str):
-                out.append(make_model(spec, seed=self.seed))
+                out.append(CostModel(seed=self.seed) if spec == COST_KIND
+                           else make_model(spec, seed=self.seed))
             elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
                 kind, params = spec
-                unknown = sorted(set(params) - set(model_class(kind)._param_names()))
+                names = CostModel().get_params() if kind == COST_KIND else \
+                    model_class(kind)._param_names()
+                unknown = sorted(set(params) - set(names))
                 if unknown:
                     raise BubblecastError(f"models: {kind} has no parameter '{unknown[0]}'")
-                out.append(make_model(kind, **{"seed": self.seed, **params}))
-            elif isinstance(spec, Forecaster):
+                out.append(CostModel(**{"seed": self.seed, **params}) if kind == COST_KIND
+                           else make_model(kind, **{"seed": self.seed, **params}))
+            elif isinstance(spec, (Forecaster, CostModel)):
                 out.append(type(spec)(**spec.get_params()))  # a clone: the input stays unfitted
             else:
                 raise BubblecastError(f"models: expected a kind, a (kind, params) pair or a "
@@ -165,23 +188,36 @@ class BubbleForecast:
         return out
 
     def fit(self, runs: Runs) -> BubbleForecast:
-        """Build the features of ``runs`` and fit every model on all of them."""
+        """Build the features of ``runs`` and fit every forecaster on all of them; a cost model
+        is fitted on their events."""
+        from bubblecast.dataset.builder import build_dataset
+        from bubblecast.forecast.cost_model import CostModel
         from bubblecast.forecast.evaluate import unique_names
         from bubblecast.forecast.training import MIN_RUNS
 
         models = self._unfitted()
-        frame, meta = self.features(runs)
-        n_runs = int(frame["run_id"].nunique())
+        forecasters = [m for m in models if not isinstance(m, CostModel)]
+        events = as_events(runs, self.format)
+        config = getattr(self, "dataset_config_", None) or self.dataset_config()
+        dataset: dict[str, Any] = {"runs": len(events.run_ids)}
+        if forecasters:
+            frame, meta = build_dataset(events, config, sources=_sources(runs))
+            n_runs = int(frame["run_id"].nunique())
+            for model in forecasters:
+                need = MIN_RUNS.get(model.kind, 1)
+                if n_runs < need:
+                    raise BubblecastError(f"runs: {model.kind} needs at least {need} runs to "
+                                          f"train, got {n_runs}")
+                model.fit(frame)
+            config = meta.config
+            dataset = {"fingerprint": meta.fingerprint, "rows": len(frame), "runs": n_runs}
         for model in models:
-            need = MIN_RUNS.get(model.kind, 1)
-            if n_runs < need:
-                raise BubblecastError(f"runs: {model.kind} needs at least {need} runs to train, "
-                                      f"got {n_runs}")
-            model.fit(frame)
+            if isinstance(model, CostModel):
+                model.fit(events, "runs")
         self.models_ = dict(zip(unique_names([m.kind for m in models]), models, strict=True))
-        self.dataset_config_ = meta.config
-        self.horizons_ = sorted(set.intersection(*(set(m.horizons_) for m in models)))
-        self.dataset_ = {"fingerprint": meta.fingerprint, "rows": len(frame), "runs": n_runs}
+        self.dataset_config_ = config
+        self.horizons_ = _horizons(forecasters)
+        self.dataset_ = dataset
         self._served: dict[str, Any] = {}
         return self
 
@@ -201,6 +237,10 @@ class BubbleForecast:
         from bubblecast.dataset.window import Window
 
         self._check_fitted()
+        names = self._forecasters()
+        if not names:
+            raise BubblecastError("predict: no forecaster among the models (a cost model "
+                                  "prices micro-batches: models_['cost'].predict)")
         if not isinstance(window, Window):
             window = window_from_events(as_events(window, self.format), run_id, replica)
         hz = [int(h) for h in (horizons if horizons is not None else self.horizons_)]
@@ -210,7 +250,7 @@ class BubbleForecast:
         work = window.cost[-1][:, None] * window.load_ahead(len(hz))  # (stages, H)
         stage, horizon = np.meshgrid(np.arange(window.stages), hz, indexing="ij")
         parts = []
-        for name in self.models_:
+        for name in names:
             q = np.sort(np.asarray(self._served_model(name).predict_window(window, hz),
                                    dtype=np.float64), axis=2)
             part = pd.DataFrame({"model": name, "stage": stage.ravel(),
@@ -221,6 +261,12 @@ class BubbleForecast:
                 part[f"{col}_s"] = (q[:, :, j] * work).ravel()
             parts.append(part)
         return pd.concat(parts, ignore_index=True)
+
+    def _forecasters(self) -> list[str]:
+        """Names of the fitted models that forecast the delay signal (all but cost models)."""
+        from bubblecast.forecast.modeldir import COST_KIND
+
+        return [n for n, m in self.models_.items() if m.kind != COST_KIND]
 
     def _served_model(self, name: str) -> Any:
         """The model behind the service's window protocol (built once per model)."""
@@ -234,15 +280,31 @@ class BubbleForecast:
     def evaluate(self, runs: Runs, seed: int | None = None) -> dict[str, Any]:
         """The ``evaluate --json`` object of the fitted models on ``runs`` (MAE, coverage and
         skill per model and horizon, with the best baseline): the CLI's own evaluation, run
-        on these runs' features and the fitted models, in memory."""
-        from bubblecast.forecast.evaluation_run import model_names, score_models
+        on these runs' features and the fitted models, in memory. A cost model's error
+        (``evaluate EVENTS --model DIR``'s object) is the whole result when it is the only
+        model, else under ``cost``."""
+        from bubblecast.forecast.evaluation_run import (
+            model_names,
+            run_cost_evaluation,
+            score_models,
+        )
 
         self._check_fitted()
-        frame, meta = self.features(runs)
-        fitted = list(self.models_.values())
-        models = dict(zip(model_names([m.kind for m in fitted]), fitted, strict=True))
-        result, _ = score_models(frame, meta, models, seed=self.seed if seed is None else seed)
-        return result.summary()
+        names = self._forecasters()
+        fitted = [self.models_[n] for n in names]
+        costs = [m for n, m in self.models_.items() if n not in names]
+        out: dict[str, Any] = {}
+        if fitted:
+            frame, meta = self.features(runs)
+            models = dict(zip(model_names([m.kind for m in fitted]), fitted, strict=True))
+            result, _ = score_models(frame, meta, models,
+                                     seed=self.seed if seed is None else seed)
+            out = result.summary()
+        if costs:
+            cost = run_cost_evaluation(as_events(runs, self.format), costs[0], "cost", "runs",
+                                       track=False)
+            out = {**out, "cost": cost} if fitted else cost
+        return out
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the fitted models as model directories: ``directory`` itself for one model
@@ -253,9 +315,13 @@ class BubbleForecast:
         self._save_all(Path(directory))
         return Path(directory)
 
-    def _save_one(self, model: Forecaster, directory: Path) -> Path:
+    def _save_one(self, model: Forecaster | CostModel, directory: Path) -> Path:
+        from bubblecast.forecast.cost_model import CostModel
+        from bubblecast.forecast.cost_modeldir import save_cost_model
         from bubblecast.forecast.modeldir import save_model
 
+        if isinstance(model, CostModel):
+            return save_cost_model(model, directory)
         return save_model(model, directory, metrics=(getattr(model, "metadata_", None) or {})
                           .get("metrics"), extra={"dataset": self.dataset_})
 
@@ -268,27 +334,29 @@ class BubbleForecast:
         """A fitted ``BubbleForecast`` from a model directory, a directory of them (as
         :meth:`save` writes several) or an MLflow ``models:/NAME@ALIAS`` / ``runs:/`` URI."""
         from bubblecast.dataset.config import DatasetConfig
-        from bubblecast.forecast.modeldir import MODEL_FILE, load_model
+        from bubblecast.forecast.cost_modeldir import load_any_model
+        from bubblecast.forecast.modeldir import COST_KIND, MODEL_FILE
 
         text = str(source)
         if text.startswith(("models:/", "runs:/")) or (Path(text) / MODEL_FILE).is_file():
-            loaded = {"": load_model(text, tracking_uri=tracking_uri)}
+            loaded = {"": load_any_model(text, tracking_uri=tracking_uri)}
         else:
             subdirs = sorted(d for d in Path(text).glob(f"*/{MODEL_FILE}")) \
                 if Path(text).is_dir() else []
             if not subdirs:
-                load_model(text)  # raises the model directory's own one-line error
-            loaded = {d.parent.name: load_model(d.parent) for d in subdirs}
+                load_any_model(text)  # raises the model directory's own one-line error
+            loaded = {d.parent.name: load_any_model(d.parent) for d in subdirs}
         models = list(loaded.values())
-        first = models[0]
+        forecasters = [m for m in models if m.kind != COST_KIND]
+        first = forecasters[0] if forecasters else None
         config = getattr(first, "dataset_config_", None) or DatasetConfig(
-            horizons=tuple(first.horizons_))
+            horizons=tuple(first.horizons_) if first is not None else (1,))
         out = cls(models=[m.kind for m in models], horizons=config.horizons,
                   windows=config.windows, lags=config.lags)
-        names = list(loaded) if "" not in loaded else [first.kind]
+        names = list(loaded) if "" not in loaded else [models[0].kind]
         out.models_ = dict(zip(names, models, strict=True))
         out.dataset_config_ = config
-        out.horizons_ = sorted(set.intersection(*(set(m.horizons_) for m in models)))
-        out.dataset_ = dict((first.metadata_ or {}).get("dataset") or {})
+        out.horizons_ = _horizons(forecasters)
+        out.dataset_ = dict(((getattr(first, "metadata_", None) or {}).get("dataset")) or {})
         out._served = {}
         return out

@@ -1,11 +1,16 @@
 """Model directories: ``model.json`` (kind, version, horizons, features, metrics, the sha256 of
 each native file) + native files.
 
-``save_model`` writes a directory atomically (a temporary sibling renamed into place);
-``load_model`` reads one back, from a local directory or an MLflow ``models:/name@alias`` (or
-``runs:/``) URI (fetched by ``tracking.download_model``); ``log_model`` logs a directory to
-MLflow as a pyfunc model and registers it. No pickle anywhere: LightGBM boosters are text, torch
-weights are loaded with ``weights_only=True``, everything else is JSON.
+``save_model`` writes a directory atomically (a temporary sibling renamed into place,
+:func:`write_model_dir`); ``load_model`` reads one back, from a local directory or an MLflow
+``models:/name@alias`` (or ``runs:/``) URI (fetched by ``tracking.download_model``);
+``log_model`` logs a directory to MLflow as a pyfunc model and registers it
+(:func:`log_model_dir`). No pickle anywhere: LightGBM boosters are text, torch weights are
+loaded with ``weights_only=True``, everything else is JSON.
+
+The micro-batch cost model (kind ``cost``, :mod:`bubblecast.forecast.cost_model`) uses the same
+format, writer, checks and logging; it is no forecaster: ``load_model`` refuses it in one line,
+and ``cost_modeldir.load_cost_model`` (or ``load_any_model``) reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,8 @@ MODEL_FILE = "model.json"
 FORMAT = "bubblecast-forecaster"
 FORMAT_VERSION = 1
 MODEL_KINDS: tuple[str, ...] = ("last", "ewma", "rolling_median", "seasonal_naive", "lgbm", "seq")
+#: Kind of the micro-batch cost model's directories (not a forecaster; see the module doc).
+COST_KIND = "cost"
 
 
 def model_class(kind: str) -> type[Forecaster]:
@@ -70,11 +78,8 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
                ) -> Path:
     """Write ``model`` (fitted) to ``directory``, replacing what was there, atomically."""
     model._check_fitted()
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp creates 0700; a model directory is meant to be shared
-    try:
+
+    def build(tmp: Path) -> tuple[dict[str, Any], list[str]]:
         files = model.save_native(str(tmp))
         state = model.state()
         doc = {
@@ -83,15 +88,31 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
             "horizons": list(state["horizons_"]),
             "features": list(getattr(model, "features_", [])) + list(
                 getattr(model, "horizon_features_", [])),
-            "params": model.get_params(), "state": state, "files": files,
+            "params": model.get_params(), "state": state,
             "metrics": metrics or {}, **(extra or {}),
-            # The files' contents: a server loads a copied directory only when they match
-            # (serve.registry.directory_state), so a half-copied model is never served.
-            "sha256": {f: _sha256(tmp / f) for f in files},
         }
         config = getattr(model, "dataset_config_", None)
         if config is not None:
             doc["dataset_config"] = config.to_json()
+        return doc, files
+
+    return write_model_dir(directory, build)
+
+
+def write_model_dir(directory: str | os.PathLike[str],
+                    build: Callable[[Path], tuple[dict[str, Any], list[str]]]) -> Path:
+    """Replace ``directory`` atomically by a model directory: ``build(tmp)`` writes the native
+    files into the temporary directory ``tmp`` and returns ``(doc, files)``; ``doc`` is
+    written as ``model.json`` with ``files`` and their ``sha256``."""
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700; a model directory is meant to be shared
+    try:
+        doc, files = build(tmp)
+        # The files' contents: a server loads a copied directory only when they match
+        # (serve.registry.directory_state), so a half-copied model is never served.
+        doc = {**doc, "files": files, "sha256": {f: _sha256(tmp / f) for f in files}}
         (tmp / MODEL_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True, default=float))
         if target.exists():
             old = target.with_name(f".{target.name}.old")
@@ -105,6 +126,15 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def verify_files(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """One-line error unless every file of ``doc``'s ``sha256`` manifest has that content."""
+    d = Path(directory)
+    for name, digest in (doc.get("sha256") or {}).items():
+        if _sha256(d / name) != digest:
+            raise BubblecastError(f"{d}: corrupt model directory ({name} does not match its "
+                                  f"sha256 in {MODEL_FILE})")
 
 
 def read_model_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -124,11 +154,14 @@ def read_model_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BubblecastError(f"{path}: not a bubblecast forecaster (format "
                               f"{doc.get('format') if isinstance(doc, dict) else None!r})")
-    if doc.get("features_version") != FEATURES_VERSION:
-        raise BubblecastError(f"{path}: model built for features version "
-                              f"{doc.get('features_version')!r}, this bubblecast uses "
-                              f"{FEATURES_VERSION} (retrain it)")
-    for key in ("kind", "params", "state", "horizons"):
+    required: tuple[str, ...] = ("version", "learner", "coefficients", "conformal")
+    if doc.get("kind") != COST_KIND:  # a cost model reads events, not features
+        if doc.get("features_version") != FEATURES_VERSION:
+            raise BubblecastError(f"{path}: model built for features version "
+                                  f"{doc.get('features_version')!r}, this bubblecast uses "
+                                  f"{FEATURES_VERSION} (retrain it)")
+        required = ("kind", "params", "state", "horizons")
+    for key in required:
         if key not in doc:
             raise BubblecastError(f"{path}: corrupt model file (no '{key}')")
     missing = [f for f in doc.get("files", []) if not (d / f).is_file()]
@@ -148,6 +181,10 @@ def load_model(where: str | os.PathLike[str], tracking_uri: str | None = None) -
         model.metadata_["uri"] = text
         return model
     doc = read_model_json(where)
+    if doc["kind"] == COST_KIND:
+        raise BubblecastError(f"{where}: a micro-batch cost model (kind '{COST_KIND}'), not a "
+                              "forecaster; give it to policy-eval --cost-model, or evaluate it "
+                              "on events")
     cls = model_class(str(doc["kind"]))
     try:
         model = cls(**{k: v for k, v in doc["params"].items() if k in cls._param_names()})
@@ -173,16 +210,26 @@ def log_model(mlflow: Any, model_dir: str | Path, sample: Any, registered_name: 
     """Log the model directory as a pyfunc model (with signature); register and alias it."""
     from mlflow.models import infer_signature
 
-    from bubblecast.forecast.tracking import pip_requirements, plain_frame
+    from bubblecast.forecast.tracking import plain_frame
 
     model = load_model(model_dir)
     sample = plain_frame(sample.reset_index(drop=True))
     signature = infer_signature(sample, plain_frame(model.predict(sample)))
+    return log_model_dir(mlflow, model_dir, signature, model.kind, registered_name, alias)
+
+
+def log_model_dir(mlflow: Any, model_dir: str | Path, signature: Any, kind: str,
+                  registered_name: str | None, alias: str | None) -> dict[str, Any]:
+    """Log a model directory of ``kind`` with ``signature`` as a pyfunc model; register it
+    under ``registered_name`` and point ``alias`` at it. ``{"model_uri"}``, plus ``name``,
+    ``version`` and ``uri`` when registered."""
+    from bubblecast.forecast.tracking import pip_requirements
+
     code = Path(__file__).with_name("pyfunc_model.py")
     with contextlib.redirect_stderr(io.StringIO()):  # "Successfully registered model ..."
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(code), artifacts={"model_dir": str(model_dir)},
-            signature=signature, pip_requirements=pip_requirements(model.kind),
+            signature=signature, pip_requirements=pip_requirements(kind),
             registered_model_name=registered_name)
     out: dict[str, Any] = {"model_uri": info.model_uri}
     if registered_name:
