@@ -20,6 +20,8 @@ _EXPORTS = {
     "ModelSource": "bubblecast.serve.registry",
     "ForecastRequest": "bubblecast.serve.schemas",
     "ForecastResponse": "bubblecast.serve.schemas",
+    "PlanRequest": "bubblecast.serve.schemas",
+    "PlanResponse": "bubblecast.serve.schemas",
     "RecommendRequest": "bubblecast.serve.schemas",
     "RecommendResponse": "bubblecast.serve.schemas",
     "RequestError": "bubblecast.serve.schemas",
