@@ -82,7 +82,8 @@ def test_plan_static_is_the_loaders_first_fit_replica_by_replica(step):
 @given(steps(), st.sampled_from([1, 2]))
 def test_rebalanced_counts_keep_the_step_total_and_the_schedule_rules(step, least):
     lengths, config, speeds, cost = step
-    assume(config.microbatches >= least)
+    # with one stage a replica's time is its load alone, whatever its count: counts are free
+    assume(config.microbatches >= least and config.stages >= 2)
     speeds = speeds.copy()
     speeds[0] = 2.5 * speeds.max()  # one replica much the slowest: counts move away from it
     config = PlanConfig(config.token_budget, config.replicas, config.microbatches,
