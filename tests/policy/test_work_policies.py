@@ -140,3 +140,21 @@ def test_slow_replica_gets_fewer_microbatches_after_the_onset_only():
     late = counts[onset + 5:]
     assert (late[:, 1] < M).all()
     assert (np.delete(late, 1, axis=1) >= M).all()
+
+
+def test_a_trained_models_speed_table_is_rescaled_and_used_ahead_of_the_trend():
+    """A perfect model (its table holds, after each step, the next step's true speeds, in
+    its own unit: x7) moves micro-batches at the onset itself, not steps later."""
+    steps, onset = 40, 20
+    scenario = SlowReplica(factor_min=1.5, factor_max=1.5, onset_min=0.5, onset_max=0.5,
+                           replica=2)
+    events = _run(steps, scenario, seed=4)
+    context, truth = load_document_run(events, events.run_ids[0])
+    table = np.full(truth.speed.shape, np.nan)
+    table[:-1] = 7.0 * truth.speed[1:]  # made after step t, for step t + 1
+    policy = BalanceWork(speed_table=table, speed_signal=7.0 * truth.speed)
+    policy.reset(context)
+    counts = np.array([policy.decide(t)[0].counts for t in range(steps)])
+    assert (counts[2:onset] == M).all()  # from the first fit on: equal before the onset
+    assert (counts[onset:, 2] < M).all()  # fewer for the slow replica from the onset on
+
