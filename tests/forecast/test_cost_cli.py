@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bubblecast.cli import main
+from bubblecast.errors import BubblecastError
 from bubblecast.forecast.cost_modeldir import load_cost_model
 from bubblecast.telemetry import from_frame, write_events
 from tests.forecast.test_cost_model import simulate
@@ -123,7 +124,7 @@ def test_a_forecaster_directory_is_not_a_cost_model(features_file, tmp_path, cap
     assert main(["train", str(features_file), "--model", "ewma", "--out", str(ewma),
                  "--no-track"]) == 0
     capsys.readouterr()
-    with pytest.raises(Exception, match=r"a ewma forecaster, not a cost model"):
+    with pytest.raises(BubblecastError, match=r"a ewma forecaster, not a cost model"):
         load_cost_model(ewma)
 
 
@@ -141,7 +142,7 @@ def test_bubble_forecast_fits_evaluates_saves_and_loads_a_cost_model(event_files
     back = BubbleForecast.load(tmp_path / "one")
     np.testing.assert_array_equal(back.models_["cost"].predict(new),
                                   forecast.models_["cost"].predict(new))
-    with pytest.raises(Exception, match="no forecaster among the models"):
+    with pytest.raises(BubblecastError, match="no forecaster among the models"):
         back.predict(new)
 
 
