@@ -38,14 +38,14 @@ def _checked(path: Any, meta: FeaturesMeta, skip_bad: bool, skipped: list[dict[s
              ) -> Iterator[tuple[str, Path, Any]]:
     """``(run, part, table)`` of each readable part in the dataset's order; an unreadable one
     raises naming its run, or (``skip_bad``) is appended to ``skipped``."""
-    from bubblecast.dataset.store import _read_table, partition_files
+    from bubblecast.dataset.store import partition_files, read_features_table
     from bubblecast.errors import BubblecastError
     from bubblecast.telemetry.fleet import run_id_of
 
     for part in partition_files(path, meta):
         run = run_id_of(part.parent)
         try:
-            table = _read_table(part)
+            table = read_features_table(part)
         except BubblecastError as exc:
             if not skip_bad:
                 raise BubblecastError(f"run '{run}': {exc}") from None
@@ -113,8 +113,8 @@ def scan_runs(path: Any, skip_bad: bool = False) -> RunScan:
 
 def read_runs(scan: RunScan, runs: list[str]) -> pd.DataFrame:
     """The rows of ``runs`` only, as one frame in the dataset's order."""
-    from bubblecast.dataset.store import _read_table
+    from bubblecast.dataset.store import read_features_table
 
     wanted = set(runs)
-    tables = [_read_table(p) for run, ps in scan.parts.items() if run in wanted for p in ps]
+    tables = [read_features_table(p) for run, ps in scan.parts.items() if run in wanted for p in ps]
     return frame_of_tables(tables, scan.meta)

@@ -90,10 +90,11 @@ def write_features_table(table: Any, meta: FeaturesMeta, path: str | os.PathLike
                                                          write_page_checksum=True))
 
 
-def _read_table(path: str | os.PathLike[str], columns: list[str] | None = None) -> Any:
-    """One features Parquet file as Arrow (``columns`` only, when given), its page checksums
-    verified (files written before they had checksums read as before); one line naming the
-    file when it is corrupt."""
+def read_features_table(path: str | os.PathLike[str], columns: list[str] | None = None) -> Any:
+    """One features Parquet file (a single file or one part of a partitioned dataset) as an
+    Arrow table, ``columns`` only when given, its page checksums verified (files written
+    before they had checksums read as before); a :class:`BubblecastError` naming the file when
+    it is corrupt. The one way features files are read, whole or part by part."""
     import pyarrow.parquet as pq
 
     try:
@@ -145,10 +146,10 @@ def read_features(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, FeaturesM
     if Path(path).is_dir():
         import pyarrow as pa
 
-        tables = [_read_table(f) for f in partition_files(path, meta)]
+        tables = [read_features_table(f) for f in partition_files(path, meta)]
         frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
     else:
-        frame = _read_table(path).to_pandas()
+        frame = read_features_table(path).to_pandas()
     for col in ("run_id", "scenario"):
         if col in frame.columns and not isinstance(frame[col].dtype, pd.CategoricalDtype):
             frame[col] = frame[col].astype(str).astype("category")

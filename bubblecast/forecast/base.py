@@ -70,7 +70,7 @@ class Forecaster:
 
     def predict(self, frame: pd.DataFrame, horizons: list[int] | None = None) -> pd.DataFrame:
         """Quantile forecasts, one row per (input row, horizon), in ``y`` units and seconds."""
-        self._check_fitted()
+        self.check_fitted()
         hz = list(horizons) if horizons is not None else list(self.horizons_)
         unknown = [h for h in hz if h not in self.horizons_]
         if unknown:
@@ -78,9 +78,14 @@ class Forecaster:
                                   f"{list(self.horizons_)}, not {unknown}")
         return long_predictions(frame, self.predict_signal(frame, hz))
 
-    def _check_fitted(self) -> None:
+    def check_fitted(self) -> None:
+        """Raise a one-line :class:`BubblecastError` unless the model is fitted (``fit`` or
+        ``load_state`` ran): what predicting and saving check first."""
         if not hasattr(self, "horizons_"):
             raise BubblecastError(f"{self.kind} model is not fitted; call fit() first")
+
+    # the old name, while modeldir.save_model still calls it; goes with that call
+    _check_fitted = check_fitted
 
     # -- persistence hooks (see bubblecast.forecast.modeldir) ---------------------------------
     def state(self) -> dict[str, Any]:

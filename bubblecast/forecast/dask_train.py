@@ -23,17 +23,9 @@ import numpy as np
 import pandas as pd
 
 from bubblecast.errors import BubblecastError
-from bubblecast.forecast.base import (
-    QUANTILES,
-    dataset_config_of,
-    fit_splits,
-    frame_horizons,
-    generic,
-    horizon_inputs,
-    log_target,
-)
+from bubblecast.forecast.base import QUANTILES, fit_splits, log_target
 from bubblecast.forecast.conformal import calibration_groups, grouped_shifts
-from bubblecast.forecast.lgbm import LGBMForecaster, tabular_features
+from bubblecast.forecast.lgbm import LGBMForecaster
 
 #: Validation rows (a seeded sample) scored to choose each booster's iteration count.
 VALIDATION_ROWS = 20_000
@@ -56,7 +48,7 @@ def _part_xy(path: str, model: LGBMForecaster, splits: dict[str, set[str]], spli
         z = log_target(frame, h, model.anchor)
         keep = np.isfinite(z)
         sub = frame.loc[keep]
-        out[h] = (np.asarray(model._inputs(sub, h), dtype=np.float32), z[keep])
+        out[h] = (np.asarray(model.booster_inputs(sub, h), dtype=np.float32), z[keep])
     return out
 
 
@@ -68,7 +60,8 @@ def _part_cal(path: str, model: LGBMForecaster, runs: set[str], h: int
     z = log_target(frame, h, model.anchor)
     keep = np.isfinite(z)
     sub = frame.loc[keep].reset_index(drop=True)
-    raw = np.sort(model._raw(np.asarray(model._inputs(sub, h), dtype=np.float32), h), axis=1)
+    x = np.asarray(model.booster_inputs(sub, h), dtype=np.float32)
+    raw = np.sort(model.raw_scores(x, h), axis=1)
     return raw, z[keep], np.asarray(calibration_groups(sub))
 
 
@@ -130,26 +123,13 @@ def _stack(client: Any, futures: list[Any], h: int, width: int) -> tuple[Any, An
     return da.concatenate(xs), da.concatenate(zs)
 
 
-def _prepare(model: LGBMForecaster, schema_frame: pd.DataFrame) -> None:
-    """Set the feature lists and horizons from the dataset's columns (no rows needed)."""
-    model.__dict__.pop("_plans", None)
-    model.__dict__.pop("_rows", None)
-    model.horizons_ = frame_horizons(schema_frame)
-    model.dataset_config_ = dataset_config_of(schema_frame)
-    model.features_ = tabular_features(schema_frame.columns)
-    model.horizon_features_ = [generic(c) for c in horizon_inputs(schema_frame.columns,
-                                                                   model.horizons_[0])]
-    model.boosters_, model.best_iterations_ = {}, {}
-    model.shifts_, model.validation_ = {}, {}
-
-
 def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
              schema_frame: pd.DataFrame, client: Any) -> LGBMForecaster:
     """Fit ``model``'s boosters with ``lightgbm.dask`` on the parts ``files`` (the fit runs,
     ``runs_frame``: one row per run with ``run_id`` and ``scenario``)."""
     from lightgbm.dask import DaskLGBMRegressor
 
-    _prepare(model, schema_frame)
+    model.prepare(schema_frame)
     masks = fit_splits(runs_frame, model.val_fraction, model.cal_fraction, model.seed)
     ids = runs_frame["run_id"].astype(str).to_numpy()
     splits = {k: set(ids[m]) for k, m in masks.items()}
@@ -163,7 +143,7 @@ def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
         if len(zv) == 0:
             raise BubblecastError(f"no validation rows with a known target at horizon {h}")
         for q in QUANTILES:
-            params = {k: v for k, v in model._params(q).items() if k != "num_threads"}
+            params = {k: v for k, v in model.booster_params(q).items() if k != "num_threads"}
             reg = DaskLGBMRegressor(client=client, n_estimators=model.n_estimators, **params)
             reg.fit(x, z, feature_name=names)
             booster = reg.booster_

@@ -82,7 +82,9 @@ class LGBMForecaster(Forecaster):
         self.seed = seed
         self.n_jobs = n_jobs
 
-    def _params(self, alpha: float) -> dict[str, Any]:
+    def booster_params(self, alpha: float) -> dict[str, Any]:
+        """The LightGBM parameters of the ``alpha`` quantile's boosters (``lgb.train``'s;
+        a distributed fit drops ``num_threads``)."""
         return {"objective": "quantile", "alpha": alpha, "learning_rate": self.learning_rate,
                 "num_leaves": self.num_leaves, "min_data_in_leaf": self.min_child_samples,
                 "feature_fraction": self.feature_fraction, "bagging_fraction": 0.8,
@@ -90,26 +92,39 @@ class LGBMForecaster(Forecaster):
                 "deterministic": True, "force_col_wise": True, "num_threads": self.n_jobs,
                 "verbosity": -1, "linear_tree": self.linear_tree}
 
-    def _inputs(self, frame: pd.DataFrame, h: int) -> np.ndarray:
+    def booster_inputs(self, frame: pd.DataFrame, h: int) -> np.ndarray:
+        """The inputs of horizon ``h``'s boosters for ``frame``'s rows: the shared features,
+        then horizon ``h``'s, unit-bearing ones divided by the anchor (float64, NaN kept)."""
         cols = self.features_ + [f"x{h}_{g[2:]}" for g in self.horizon_features_]
         return relative_inputs(frame, cols, anchor=self.anchor)
 
-    def fit(self, frame: pd.DataFrame) -> LGBMForecaster:
-        import lightgbm as lgb
-
-        self.__dict__.pop("_plans", None)  # input plans and row scorer of a previous fit
-        self.__dict__.pop("_rows", None)
+    def prepare(self, frame: pd.DataFrame) -> None:
+        """Start a fit: forget an earlier one (boosters, shifts, cached input plans and row
+        scorer) and take the horizons, dataset config and input columns from ``frame``'s
+        columns and attrs (its rows may be none). :meth:`fit` starts with it, and so does the
+        distributed fit of :mod:`bubblecast.forecast.dask_train`."""
+        self._forget_caches()
         self.horizons_ = frame_horizons(frame)
         self.dataset_config_ = dataset_config_of(frame)
         self.features_ = tabular_features(frame.columns)
         self.horizon_features_ = [generic(c) for c in horizon_inputs(frame.columns,
                                                                      self.horizons_[0])]
-        masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
-        rng = np.random.default_rng(self.seed)
         self.boosters_: dict[tuple[int, float], Any] = {}
         self.best_iterations_: dict[str, int] = {}
         self.shifts_: dict[int, dict[str, tuple[float, float]]] = {}
         self.validation_: dict[str, float] = {}
+
+    def _forget_caches(self) -> None:
+        """Drop the input plans and the row scorer built for the boosters held until now."""
+        self.__dict__.pop("_plans", None)
+        self.__dict__.pop("_rows", None)
+
+    def fit(self, frame: pd.DataFrame) -> LGBMForecaster:
+        import lightgbm as lgb
+
+        self.prepare(frame)
+        masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
+        rng = np.random.default_rng(self.seed)
         names = self.features_ + self.horizon_features_
         for h in self.horizons_:
             z = log_target(frame, h, self.anchor)
@@ -122,18 +137,18 @@ class LGBMForecaster(Forecaster):
             if len(parts["train"]) == 0 or len(parts["val"]) == 0:
                 raise BubblecastError(f"no training rows with a known target at horizon {h}")
             sub = {k: frame.iloc[v] for k, v in parts.items()}
-            x = {k: self._inputs(s, h) for k, s in sub.items()}
+            x = {k: self.booster_inputs(s, h) for k, s in sub.items()}
             train_set = lgb.Dataset(x["train"], z[parts["train"]], feature_name=names,
                                     free_raw_data=True)
             val_set = lgb.Dataset(x["val"], z[parts["val"]], reference=train_set)
             for q in QUANTILES:
                 booster = lgb.train(
-                    self._params(q), train_set, num_boost_round=self.n_estimators,
+                    self.booster_params(q), train_set, num_boost_round=self.n_estimators,
                     valid_sets=[val_set],
                     callbacks=[lgb.early_stopping(self.early_stopping_rounds, verbose=False)])
                 self.boosters_[(h, q)] = booster
                 self.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
-            cal = np.sort(self._raw(x["cal"], h), axis=1)
+            cal = np.sort(self.raw_scores(x["cal"], h), axis=1)
             self.shifts_[h] = grouped_shifts(cal[:, 0], cal[:, 2], z[parts["cal"]],
                                              calibration_groups(sub["cal"]), self.coverage)
         self.calibration_ = "interval"
@@ -145,8 +160,10 @@ class LGBMForecaster(Forecaster):
         or trained by :mod:`bubblecast.forecast.dask_train`)."""
         return str(getattr(self, "calibration_", "shift"))
 
-    def _raw(self, x: np.ndarray, h: int) -> np.ndarray:
-        """``(n, 3)`` raw quantile scores of horizon ``h``'s inputs ``x``."""
+    def raw_scores(self, x: np.ndarray, h: int) -> np.ndarray:
+        """``(n, 3)`` raw scores (``log(y_h / anchor)`` per quantile, before sorting and the
+        conformal shifts) of horizon ``h``'s boosters on inputs ``x``
+        (:meth:`booster_inputs`)."""
         if 0 < len(x) <= MAX_ROWS and x.dtype == np.float32 and x.flags.c_contiguous:
             rows = self._row_scorer()
             if rows is not None:
@@ -174,7 +191,7 @@ class LGBMForecaster(Forecaster):
         groups = calibration_groups(frame)
         out = {}
         for h in horizons:
-            z = np.sort(self._raw(self._inputs(frame, h), h), axis=1)
+            z = np.sort(self.raw_scores(self.booster_inputs(frame, h), h), axis=1)
             z = apply_grouped(z, self.shifts_[h], groups, self.calibration)
             out[h] = level[:, None] * np.exp(z)
         return out
@@ -184,7 +201,7 @@ class LGBMForecaster(Forecaster):
         """Column order of the ``X`` that :meth:`predict_matrix` takes for ``horizons``: the
         shared inputs, each horizon's inputs, then the anchor column and ``f_tokens_ratio``
         (which picks the conformal group; NaN = no known-ahead tokens)."""
-        self._check_fitted()
+        self.check_fitted()
         cols = list(self.features_)
         for h in horizons:
             cols += [f"x{h}_{g[2:]}" for g in self.horizon_features_]
@@ -194,7 +211,7 @@ class LGBMForecaster(Forecaster):
         """``(n, H, 3)`` p10/p50/p90 of ``y`` from ``X`` ``(n, len(matrix_columns(horizons)))``:
         the numbers :meth:`predict_signal` gives for a frame holding those columns (same
         float32 inputs, one ``Booster.predict`` per booster over all rows, same shifts)."""
-        self._check_fitted()
+        self.check_fitted()
         hz = [int(h) for h in horizons]
         unknown = [h for h in hz if h not in self.shifts_]
         if unknown:
@@ -218,7 +235,7 @@ class LGBMForecaster(Forecaster):
                                     dtype=np.float32)
         z = np.empty((len(hz), n, 3))
         for i, h in enumerate(hz):
-            z[i] = self._raw(rows[i], h)
+            z[i] = self.raw_scores(rows[i], h)
         z.sort(axis=2)
         # every horizon's shifts at once (element by element: what apply_grouped gives per
         # horizon); groups are 0 (no known-ahead tokens) or 1
@@ -271,8 +288,7 @@ class LGBMForecaster(Forecaster):
         import lightgbm as lgb
 
         super().load_state(state, directory)
-        self.__dict__.pop("_plans", None)
-        self.__dict__.pop("_rows", None)
+        self._forget_caches()
         self.features_ = list(state["features_"])
         self.horizon_features_ = list(state["horizon_features_"])
         self.shifts_ = {int(h): {g: tuple(float(x) for x in v) for g, v in s.items()}

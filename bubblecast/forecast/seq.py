@@ -8,6 +8,10 @@ horizon at once (p10 <= p50 <= p90 by construction), trained with the pinball lo
 run-grouped split with early stopping; p10/p90 are then conformally calibrated on held-out
 runs. Deterministic for a seed on CPU; uses CUDA when present. Saved as a ``state_dict`` of
 tensors (loaded with ``weights_only=True``) plus JSON.
+
+:meth:`SeqForecaster.fit` takes a features frame; on a fleet that frame (every row, ~140
+columns) is what does not fit one process, so :meth:`SeqForecaster.fit_partitioned` streams
+a features dataset partitioned by run instead (the same fit, part by part).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +27,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.base import (
+    ANCHORS,
     QUANTILES,
     Forecaster,
     dataset_config_of,
@@ -58,6 +64,32 @@ def _net(channels: int, n_static: int, hidden: int, horizons: int) -> Any:
             return torch.stack([lo, mid, hi], dim=-1)
 
     return Net()
+
+
+def _read(part: Path, columns: list[str]) -> pd.DataFrame:
+    """Some columns of one features part (page checksums verified; one line naming it if
+    corrupt)."""
+    from bubblecast.dataset.store import read_features_table
+
+    return read_features_table(part, columns).to_pandas()
+
+
+def _parts(path: str | os.PathLike[str], runs: list[str] | None) -> tuple[list[Path], Any]:
+    """The parts of ``runs`` (all when None) in the dataset's row order, and its metadata."""
+    from bubblecast.dataset.store import partition_files, read_features_meta
+    from bubblecast.telemetry.fleet import run_id_of
+
+    if not Path(path).is_dir():
+        raise BubblecastError(f"{path}: streaming needs a features dataset partitioned by run "
+                              "(`bubblecast dataset ... --out DIR/`)")
+    meta = read_features_meta(path)
+    files = partition_files(path, meta)
+    if runs is not None:
+        wanted = set(runs)
+        files = [f for f in files if run_id_of(f.parent) in wanted]
+    if not files:
+        raise BubblecastError(f"{path}: no parts to train on")
+    return files, meta
 
 
 def _pinball(pred: Any, target: Any) -> Any:
@@ -113,7 +145,7 @@ class SeqForecaster(Forecaster):
 
     def _raw_arrays(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """The rows' sequences and their static inputs before standardisation (row-wise:
-        rows may come part by part, :mod:`.seq_data`)."""
+        rows may come part by part, :meth:`fit_partitioned`)."""
         seq_cols = [f"f_u_lag{k}" for k in self.seq_lags_]
         seq = [relative_inputs(frame, seq_cols, log=True, anchor=self.anchor)]
         if self.peer_lags_:
@@ -186,12 +218,63 @@ class SeqForecaster(Forecaster):
     def fit_partitioned(self, path: str | os.PathLike[str],
                         runs: list[str] | None = None) -> SeqForecaster:
         """:meth:`fit` on a features dataset partitioned by run (of ``runs`` only, when
-        given), streamed part by part: memory holds the model's inputs, never the features
-        frame (:mod:`.seq_data`); the same fit as ``fit`` on those runs' rows."""
-        from bubblecast.forecast.seq_data import stream_fit_data
+        given), streamed part by part in the dataset's row order
+        (:func:`~bubblecast.dataset.store.partition_files`, the order ``read_features``
+        concatenates them in); the same fit as ``fit`` on those runs' rows. Two passes:
 
-        data, rng, groups = stream_fit_data(self, path, runs)
+        1. the split keys only (``run_id``, ``scenario``, the targets): the run-grouped
+           train / validation / calibration split and the training-row sample are drawn
+           exactly as ``fit`` draws them on the whole frame (same functions, same row
+           positions, same seed);
+        2. each part's model columns: the chosen rows' sequences, raw static inputs, targets
+           and calibration groups, appended per split. The standardisation is then fitted on
+           the training rows, as ``fit`` does.
+
+        Memory holds the split keys of every row plus the model's inputs of the chosen rows
+        (at most ``max_train_rows`` training rows), never the features frame. The model still
+        trains in one process (``train --cluster`` refuses ``seq``)."""
+        data, rng, groups = self._streamed_arrays(path, runs)
         return self._fit_arrays(data, rng, groups)
+
+    def _streamed_arrays(self, path: str | os.PathLike[str], runs: list[str] | None
+                         ) -> tuple[dict[str, tuple[np.ndarray, ...]], np.random.Generator,
+                                    np.ndarray]:
+        """``(data, rng, calibration groups)`` for :meth:`_fit_arrays`: the arrays ``fit``
+        would build on the frame of ``runs``' rows, read part by part."""
+        import pyarrow.parquet as pq
+
+        files, meta = _parts(path, runs)
+        names = pq.read_schema(files[0]).names
+        header = pd.DataFrame(columns=names)
+        header.attrs["bubblecast_features"] = meta.to_json()
+        self._prepare(header)
+        targets = [f"y_h{h}" for h in self.horizons_]
+        keys = [c for c in ("run_id", "scenario") if c in names] + targets
+        index = [_read(f, keys) for f in files]  # pass 1: the split keys of every row
+        sizes = np.cumsum([0] + [len(k) for k in index])
+        frame_keys = pd.concat(index, ignore_index=True)
+        del index
+        rows, rng = self._split_rows(frame_keys)
+        del frame_keys
+        wanted = {*self.features_, ANCHORS[self.anchor], *targets, "f_tokens_ratio"}
+        columns = [c for c in names if c in wanted]
+        pieces: dict[str, list[tuple[np.ndarray, ...]]] = {k: [] for k in ("train", "val", "cal")}
+        for i, part in enumerate(files):  # pass 2: the chosen rows' inputs
+            lo, hi = sizes[i], sizes[i + 1]
+            chosen = {k: r[(r >= lo) & (r < hi)] - lo for k, r in rows.items()}
+            if not any(len(c) for c in chosen.values()):
+                continue
+            frame = _read(part, columns)
+            for k, piece in pieces.items():
+                sub = frame.iloc[chosen[k]]
+                seq, static = self._raw_arrays(sub)
+                piece.append((seq, static, self._targets(sub), calibration_groups(sub)))
+        data = {}
+        for k in ("train", "val", "cal"):  # train first: it fixes the standardisation
+            seq, static, target, _ = (np.concatenate(a) for a in zip(*pieces[k], strict=True))
+            data[k] = (*self._standardised(seq, static), target)
+        groups = np.concatenate([p[3] for p in pieces["cal"]])
+        return data, rng, groups
 
     def _fit_arrays(self, data: dict[str, tuple[np.ndarray, ...]], rng: np.random.Generator,
                     cal_groups: np.ndarray) -> SeqForecaster:

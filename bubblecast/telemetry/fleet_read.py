@@ -31,7 +31,7 @@ def _footers(files: list[Path], columns: list[str] | None) -> tuple[Any, dict[st
     import pyarrow.parquet as pq
 
     from bubblecast.telemetry.frames import wanted_columns
-    from bubblecast.telemetry.io import _check_unread_types
+    from bubblecast.telemetry.io import check_unread_types
     from bubblecast.telemetry.schema import METADATA_KEY, decode_metadata
 
     runs: dict[str, Any] = {}
@@ -39,7 +39,7 @@ def _footers(files: list[Path], columns: list[str] | None) -> tuple[Any, dict[st
     for f in files:
         schema = pq.read_schema(f)
         want, _ = wanted_columns(schema, columns)
-        _check_unread_types(schema, want, str(f))
+        check_unread_types(schema, want, str(f))
         decoded = decode_metadata((schema.metadata or {}).get(METADATA_KEY))
         if not decoded:
             raise ValueError(f"{f}: no run metadata")

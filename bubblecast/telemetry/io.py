@@ -219,9 +219,12 @@ def _unreadable(path: Path, exc: Exception) -> BubblecastError:
     return BubblecastError(f"{path}: not a readable Parquet file ({text})")
 
 
-def _check_unread_types(schema: pa.Schema, want: list[str] | None, source: str) -> None:
-    """Known numeric optional columns left unread are still type-checked (schema only, no
-    data): a file is refused as a whole whichever columns a command reads."""
+def check_unread_types(schema: pa.Schema, want: list[str] | None, source: str) -> None:
+    """Type-check the known numeric optional columns of ``schema`` that a read leaves out
+    (``want``: the columns read; None = all, nothing to check), from the schema only, no data:
+    a file is refused as a whole whichever columns a command reads. Raises
+    :class:`SchemaError` naming ``source`` and the column; shared by every Parquet reader of
+    events (this module's and :mod:`.fleet_read`'s)."""
     if want is None:
         return
     for field in schema:
@@ -239,7 +242,7 @@ def _read_one(path: Path, columns: list[str] | None = None) -> Events:
     try:
         schema = pq.read_schema(path)
         want, strings = wanted_columns(schema, columns)
-        _check_unread_types(schema, want, str(path))
+        check_unread_types(schema, want, str(path))
         frame, meta = read_streaming(path, want, strings)
         if frame is None:
             box = [pq.read_table(path, columns=want, read_dictionary=strings,
@@ -358,5 +361,5 @@ def write_events(events: Events, path: str | os.PathLike[str], *, validate: bool
 
 
 __all__ = ["PLAIN_COLUMNS", "RunMeta", "SchemaError", "atomic_write", "atomic_write_text",
-           "parquet_files", "parquet_options", "read_events", "remove_stale_temporaries",
-           "to_table", "write_events"]
+           "check_unread_types", "parquet_files", "parquet_options", "read_events",
+           "remove_stale_temporaries", "to_table", "write_events"]
