@@ -276,7 +276,7 @@ def _megatron(r: dict[str, Any]) -> list[str]:
     i, w, ref = r["inspect"], r["whatif"], r.get("reference") or {}
     rows = [["replayed", w["replayed_step_s"], 1.0] + ([ref["replayed_step_s"]] if ref else [])]
     rows += [[name, s["step_s"], s["speedup"]] + ([ref.get(name)] if ref else [])
-             for name, s in w["scenarios"].items()]
+             for name, s in w["scenarios"].items() if s is not None]
     stages = [(s["stage"], s["busy_s"], s["idle_s"], _pct(s["bubble_fraction"]))
               for s in i["per_stage"]]
     return [f"`BubbleAnalysis` (`bubblecast inspect` / `whatif`) on `{r['trace']}` "

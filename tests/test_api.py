@@ -80,7 +80,7 @@ def test_analysis_whatif_is_the_whatif_json(capsys):
     expected = _cli_json(capsys, "whatif", str(path), "--run", run)
     assert _plain(BubbleAnalysis(path, run_id=run).whatif()) == expected
     assert set(expected["scenarios"]) == {"ideal", "fix_bottleneck", "no_slow_ranks",
-                                          "balanced"}
+                                          "balanced", "balanced_work"}
 
 
 def test_analysis_of_events_replays_plots_and_writes_perfetto(tmp_path):

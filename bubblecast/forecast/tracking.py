@@ -89,7 +89,7 @@ def metric_dict(table: Any, prefix: str = "") -> dict[str, float]:
 def pip_requirements(kind: str) -> list[str]:
     """Pinned pip requirements of a logged model of ``kind`` (installed versions)."""
     names = ["numpy", "pandas", "pyarrow", "scikit-learn"]
-    names += {"lgbm": ["lightgbm"], "seq": ["torch"]}.get(kind, [])
+    names += {"lgbm": ["lightgbm"], "seq": ["torch"], "cost": ["lightgbm"]}.get(kind, [])
     reqs = []
     for name in names:
         try:

@@ -184,7 +184,7 @@ class CachingForecaster:
         return q
 
 
-def _dataset_config(model: Any, horizons: list[int]) -> Any:
+def model_dataset_config(model: Any, horizons: list[int]) -> Any:
     """The features config the model was trained with (as carried by it), else the default
     one for its horizons: features must be built as for training."""
     from bubblecast.dataset import DatasetConfig
@@ -215,7 +215,7 @@ def model_forecaster(model: Any, events: Any, run_id: str, steps: np.ndarray,
     from bubblecast.policy.forecasting import TrendForecaster
 
     horizons = [int(h) for h in getattr(model, "horizons_", [1, 5, 10])]
-    config = _dataset_config(model, horizons)
+    config = model_dataset_config(model, horizons)
     try:
         frame, _ = build_dataset(events.run(run_id) if len(events.run_ids) > 1 else events,
                                  config)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+from bubblecast.policy.speeds import model_dataset_config
 from bubblecast.policy.work_policies import WorkContext
 from bubblecast.telemetry.events import Events
 
@@ -34,21 +35,6 @@ def observed_events(events: Events, run_id: str) -> Events:
                   {run_id: meta})
 
 
-def _features_config(model: Any, horizons: list[int]) -> Any:
-    """The features config carried by the model, else the default one for its horizons."""
-    from bubblecast.dataset import DatasetConfig
-
-    config = getattr(model, "dataset_config_", None) \
-        or (getattr(model, "metadata_", None) or {}).get("dataset_config")
-    if isinstance(config, dict):
-        try:
-            config = DatasetConfig(**config)
-        except (TypeError, ValueError):
-            config = None
-    return config if isinstance(config, DatasetConfig) else DatasetConfig(
-        horizons=tuple(horizons))
-
-
 def model_speed_table(model: Any, events: Events, context: WorkContext
                       ) -> tuple[np.ndarray, np.ndarray]:
     """``(forecast, signal)``, each ``(T, R, P)``: the model's p50 at its smallest horizon
@@ -59,7 +45,7 @@ def model_speed_table(model: Any, events: Events, context: WorkContext
     horizons = sorted(int(h) for h in getattr(model, "horizons_", [1]))
     view = observed_events(events, context.run_id)
     try:
-        frame, _ = build_dataset(view, _features_config(model, horizons))
+        frame, _ = build_dataset(view, model_dataset_config(model, horizons))
         pred = model.predict(frame, horizons[:1])
     except (BubblecastError, ValueError, KeyError) as exc:
         raise BubblecastError(f"cannot forecast with the model: {exc}") from None

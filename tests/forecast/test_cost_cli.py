@@ -180,6 +180,13 @@ def test_registered_cost_model_loads_by_alias(event_files, tmp_path, monkeypatch
     by_alias = load_cost_model("models:/bc-cost@champion", tracking_uri=uri)
     np.testing.assert_array_equal(by_alias.predict(new), load_cost_model(out).predict(new))
     mlflow.set_tracking_uri(uri)
+    # MLflow's own pyfunc face of the logged directory prices the same op rows
+    rows = by_alias.rows(new).head(50)
+    pyfunc = mlflow.pyfunc.load_model("models:/bc-cost@champion")
+    got = pyfunc.predict(rows)
+    assert list(got.columns) == ["p10", "p50", "p90"]
+    np.testing.assert_allclose(got.to_numpy(), by_alias.predict(rows, quantiles=(0.1, 0.5, 0.9)))
+    mlflow.set_tracking_uri(uri)
     run = mlflow.get_run(result["mlflow_run_id"])
     assert run.data.params["kind"] == "cost" and run.data.params["learner"] == result["learner"]
     assert run.data.metrics["holdout.cost.p90_rel_error"] == pytest.approx(
