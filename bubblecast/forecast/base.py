@@ -84,9 +84,6 @@ class Forecaster:
         if not hasattr(self, "horizons_"):
             raise BubblecastError(f"{self.kind} model is not fitted; call fit() first")
 
-    # the old name, while modeldir.save_model still calls it; goes with that call
-    _check_fitted = check_fitted
-
     # -- persistence hooks (see bubblecast.forecast.modeldir) ---------------------------------
     def state(self) -> dict[str, Any]:
         """Fitted attributes as JSON-able values (native files are written by ``save_native``)."""

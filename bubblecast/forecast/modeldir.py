@@ -77,7 +77,7 @@ def save_model(model: Forecaster, directory: str | os.PathLike[str],
                metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
                ) -> Path:
     """Write ``model`` (fitted) to ``directory``, replacing what was there, atomically."""
-    model._check_fitted()
+    model.check_fitted()
 
     def build(tmp: Path) -> tuple[dict[str, Any], list[str]]:
         files = model.save_native(str(tmp))

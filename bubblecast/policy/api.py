@@ -91,13 +91,13 @@ class Policy:
 
     @classmethod
     def balance(cls, refit_every: int = 25, min_fit_steps: int = 2,
-                fit_window: int = 256) -> Policy:
+                fit_window: int = 256, use_speeds: bool = True) -> Policy:
         """Packed documents: plan packing, order and micro-batches per replica from a cost
         model (``evaluate_policies(cost_model=...)``, else fitted online to the run's own
         earlier steps every ``refit_every`` steps, on at most ``fit_window``) and forecast
-        replica speeds."""
+        replica speeds (``use_speeds=False``: every replica planned at the same pace)."""
         return cls("balance", {"refit_every": refit_every, "min_fit_steps": min_fit_steps,
-                               "fit_window": fit_window})
+                               "fit_window": fit_window, "use_speeds": use_speeds})
 
     def get_params(self) -> dict[str, Any]:
         """The keyword parameters (a copy)."""

@@ -145,7 +145,9 @@ class BalanceWork(WorkPolicy):
     :class:`~bubblecast.policy.forecasting.TrendForecaster` (default) or any object with
     ``forecast_history(history, horizons)``; ``speed_table``: a trained model's one-step
     speed forecasts ``(T, R, P)`` made after each step (NaN: use ``forecaster``), in the
-    model's unit (rescaled to ours by the median ratio over the steps seen so far)."""
+    model's unit (rescaled to ours by the median ratio over the steps seen so far).
+    ``use_speeds=False`` plans every replica at the same pace (the speed-blind baseline a
+    slowdown's recovery is measured against)."""
 
     cost_model: Any = None
     forecaster: Any = field(default_factory=TrendForecaster)
@@ -154,6 +156,7 @@ class BalanceWork(WorkPolicy):
     fit_window: int = 256
     speed_table: np.ndarray | None = field(default=None, repr=False)
     speed_signal: np.ndarray | None = field(default=None, repr=False)
+    use_speeds: bool = True
     name: str = "balance"
 
     def __post_init__(self) -> None:
@@ -204,6 +207,8 @@ class BalanceWork(WorkPolicy):
         c = self.context_.config
         if t == 0:
             return np.ones((c.replicas, c.stages))
+        if not self.use_speeds:
+            return np.ones((c.replicas, c.stages)) * seen.layers[-1]
         hist = observed_speeds(seen, cost)  # (t, R, P)
         ahead = None
         if self.speed_table is not None and self.speed_signal is not None:

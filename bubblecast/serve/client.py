@@ -137,6 +137,12 @@ class Client:
 
         return self._call("/v1/plan", request, PlanResponse)
 
+    def fetch(self, path: str) -> Any:
+        """``GET path`` within the client's timeout: the raw ``httpx.Response``. Unlike the
+        forecast calls it raises on transport errors and touches neither the circuit breaker
+        nor the stats: the caller (e.g. a decider asking ``/v1/model`` once) fails open."""
+        return self._http.get(path, timeout=self.timeout)
+
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing never raises into the caller
             self._http.close()

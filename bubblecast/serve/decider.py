@@ -50,7 +50,7 @@ class ServiceDecider:
             if not breaker.allow():
                 return "circuit open after failures"
             try:
-                resp = self.client._http.get("/v1/model", timeout=self.client.timeout)
+                resp = self.client.fetch("/v1/model")
                 hz = resp.json().get("horizons") if resp.status_code == 200 else None
             except Exception as exc:  # noqa: BLE001 - fail open
                 breaker.record_failure()
