@@ -89,6 +89,11 @@ class Head(nn.Module):
 def _construct(spec: ModelSpec, index: int) -> nn.Module:
     if not 0 <= index < spec.layers:
         raise IndexError(f"layer {index} out of range for {spec.layers} layers")
+    if spec.kind == "packed":
+        from bubblecast.runtime.packed_gpt import construct
+
+        return construct(spec.layers, index, hidden=spec.hidden, heads=spec.heads,
+                         vocab=spec.vocab, budget=spec.seq_len)
     if spec.kind == "mlp":
         return MLPLayer(spec.hidden, activation=index < spec.layers - 1)
     if index == 0:
@@ -122,7 +127,10 @@ def _teacher(seed: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
 
 def make_batch(spec: ModelSpec, seed: int, step: int,
                batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (input, target) batch of ``step``: identical on every rank and every partition."""
+    """The (input, target) batch of ``step``: identical on every rank and every partition.
+    (The packed model reads documents instead: :mod:`bubblecast.runtime.document_loader`.)"""
+    if spec.kind == "packed":
+        raise ValueError("the packed model's batches come from its document loader")
     gen = torch.Generator().manual_seed((seed * _DATA_SALT + step) % (2**63))
     if spec.kind == "mlp":
         dtype = torch_dtype(spec)
@@ -140,7 +148,13 @@ def loss_fn(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
     """Per-micro-batch loss (mean-reduced, as the schedules' gradient scaling assumes)."""
     if spec.kind == "mlp":
         return F.mse_loss
+    if spec.kind == "packed":
+        raise ValueError("the packed model's loss is global_token_loss over the step's tokens")
     return _lm_loss
+
+
+def _no_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    raise ValueError("the packed model's loss is global_token_loss over the step's tokens")
 
 
 def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -165,6 +179,8 @@ class LayerModel:
     for every partition; ``batch(step, batch_size)`` the (input, target) of a step, the same
     on every rank; ``loss(output, target)`` a mean-reduced micro-batch loss; ``empty(i)``
     (optional) layer ``i`` with storage to be overwritten (defaults to ``build``).
+    ``packed``: the layers take the micro-batch's ``documents`` too (the packed GPT: its
+    batches and loss come from the trainer's document loader, not ``batch``/``loss``).
     """
 
     layers: int
@@ -173,17 +189,28 @@ class LayerModel:
     batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
     tokens_per_sample: int = 1
     empty: Callable[[int], nn.Module] | None = None
+    packed: bool = False
 
     def make_empty(self, index: int) -> nn.Module:
         return (self.empty or self.build)(index)
 
     @classmethod
     def example(cls, spec: ModelSpec, seed: int) -> LayerModel:
-        """The built-in MLP or GPT of ``spec``."""
+        """The built-in MLP, GPT or packed GPT of ``spec``."""
+        packed = spec.kind == "packed"
         return cls(layers=spec.layers, build=partial(build_layer, spec, seed=seed),
-                   loss=loss_fn(spec), batch=partial(make_batch, spec, seed),
+                   loss=_no_loss if packed else loss_fn(spec),
+                   batch=partial(make_batch, spec, seed),
                    tokens_per_sample=spec.tokens_per_sample(),
-                   empty=partial(empty_layer, spec))
+                   empty=partial(empty_layer, spec), packed=packed)
+
+    def stack(self, layers: list[nn.Module]) -> nn.Module:
+        """One stage's module: its layers in order (``packed``: each given the documents)."""
+        if self.packed:
+            from bubblecast.runtime.packed_gpt import DocumentStack
+
+            return DocumentStack(*layers)
+        return nn.Sequential(*layers)
 
     @classmethod
     def from_sequential(cls, model: nn.Sequential,

@@ -5,7 +5,12 @@ optimizer over them, the ``PipelineStage`` objects and the schedule. ``train_ste
 optimizer step; ``apply(action)`` changes the plan at a step boundary (layers migrate with
 their optimizer state, two-phase: see :mod:`bubblecast.runtime.transition`); ``run`` loops
 and offers a controller hook. Construct it after ``torch.distributed`` is initialised (e.g.
-by :func:`init_distributed` under torchrun) with a world size equal to the stage count.
+by :func:`init_distributed` under torchrun) with a world size equal to the stage count, or
+``replicas x stages`` with ``config.replicas`` data-parallel copies of the pipeline
+(:mod:`bubblecast.runtime.replicas`: gradients all-reduced between them after each step). The
+packed model (``--model packed``) trains on packed documents
+(:mod:`bubblecast.runtime.packed_step`): each step's plan may give replicas different numbers
+of micro-batches, each count running its own schedule object.
 """
 
 from __future__ import annotations
@@ -114,6 +119,21 @@ class Trainer:
         if not dist.is_initialized():
             raise BubblecastError("Trainer: torch.distributed is not initialised "
                                   "(launch with torchrun or call init_distributed())")
+        from bubblecast.runtime.replicas import Layout, make_groups
+
+        self.layout = Layout(config.stages, config.replicas)
+        self.global_rank = dist.get_rank()
+        if config.replicas > 1:
+            if dist.get_world_size() != self.layout.world:
+                raise BubblecastError(f"--replicas: {config.replicas} replicas x {config.stages} "
+                                      f"stages need {self.layout.world} processes, this job "
+                                      f"has {dist.get_world_size()}")
+            group, self.dp_group = make_groups(self.layout)
+            #: the group of collectives over the whole job (telemetry at close)
+            self.job_group: Any = None
+        else:
+            self.dp_group, self.job_group = None, group
+        self.replica = self.layout.replica_of(self.global_rank) if config.replicas > 1 else 0
         self.config, self.group = config, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.plan: Plan = config.plan
@@ -121,12 +141,22 @@ class Trainer:
             raise BubblecastError(f"--stages: {self.plan.stages} stages need {self.plan.stages} "
                                   f"processes, this job has {self.world}")
         self.device = device or _device(group)
+        if config.replicas > 1:  # every replica's events on global rank 0's clock origin
+            from bubblecast.runtime.replicas import shared_origin
+
+            origin_wall = shared_origin(origin_wall, _device(None))
         self.spec = config.model
         self.model = model or LayerModel.example(self.spec, config.seed)
         if self.model.layers != self.spec.layers:
             raise BubblecastError(f"--layers: the model has {self.model.layers} layers, the "
                                   f"config says {self.spec.layers}")
         self._loss = self.model.loss
+        #: the packed model's steps (documents, plans, a schedule per micro-batch count)
+        self.packed: Any = None
+        if self.model.packed:
+            from bubblecast.runtime.packed_step import PackedSteps
+
+            self.packed = PackedSteps(self)
         self.step = 0
         self._announced_from: int | None = None
         self.losses: dict[int, float] = {}
@@ -148,9 +178,9 @@ class Trainer:
             self.schedule, out=None, parts_dir=config.events_dir, run_id=config.run_id,
             optimizer=self.optimizer, flush_every=config.flush_every, min_part_s=0.0,
             layer_cost_every=config.layer_cost_every, inject=config.injections,
-            first_step=self.step, meta=self.run_meta, layers=self._chunk_layers(),
+            first_step=self.step, meta=self.run_meta, layers=self.chunk_layers(),
             enabled=record, origin_wall=origin_wall, metrics_every=METRICS_EVERY,
-            clock_every=CLOCK_EVERY)
+            clock_every=CLOCK_EVERY, replica=self.replica, replicas=config.replicas)
         #: scheduled steps for run metadata ``calendar`` (e.g. ``{"checkpoint_every": N}``),
         #: set by whoever schedules them; known-future covariates of the dataset
         self.calendar: dict[str, int] = {}
@@ -168,11 +198,14 @@ class Trainer:
         from torch.distributed.pipelining import PipelineStage, schedules
 
         stages = [
-            PipelineStage(nn.Sequential(*[layers[i] for i in plan.layer_range(v)]), v,
+            PipelineStage(self.model.stack([layers[i] for i in plan.layer_range(v)]), v,
                           plan.virtual_stages, self.device, group=self.group)
             for v in plan.vstages_of(self.rank)
         ]
         cls = getattr(schedules, plan.info.torch_class)
+        if self.packed is not None:  # summed token losses over the global batch's tokens
+            return stages, cls(stages if plan.info.multi else stages[0], plan.microbatches,
+                               loss_fn=self.packed.loss, scale_grads=False)
         schedule = cls(stages if plan.info.multi else stages[0], plan.microbatches,
                        loss_fn=self._loss, scale_grads=True)
         return stages, schedule
@@ -182,7 +215,8 @@ class Trainer:
             for stage in self.stages:
                 _label_for_profiler(stage)
 
-    def _chunk_layers(self) -> ChunkLayers:
+    def chunk_layers(self) -> ChunkLayers:
+        """``chunk -> {global layer index: module}`` of this rank's stages (the recorder's)."""
         return {c: {i: self.layers[i] for i in self.plan.layer_range(v)}
                 for c, v in enumerate(self.plan.vstages_of(self.rank))}
 
@@ -207,12 +241,22 @@ class Trainer:
 
     # -- training -----------------------------------------------------------------------
     def train_step(self) -> float | None:
-        """One optimizer step; the mean micro-batch loss on the rank holding the last stage."""
+        """One optimizer step; the mean micro-batch loss on the rank holding the last stage
+        (with replicas: over the whole global batch, on every replica's last stage)."""
+        if self.packed is not None:
+            loss = self.packed.run(self.step)
+            if loss is not None:
+                self.losses[self.step] = loss
+            self.step += 1
+            return loss
         plan, step, c = self.plan, self.step, self.config
         vstages = plan.vstages_of(self.rank)
         first, last = 0 in vstages, plan.virtual_stages - 1 in vstages
         x, y = self.model.batch(step, c.batch_size)
-        tokens = c.batch_size // plan.microbatches * self.model.tokens_per_sample
+        if c.replicas > 1:  # this replica's share of the global batch
+            share = c.batch_size // c.replicas
+            x, y = (t[self.replica * share:(self.replica + 1) * share] for t in (x, y))
+        tokens = c.batch_size // c.replicas // plan.microbatches * self.model.tokens_per_sample
         self.recording.step, self.recording.tokens = step, tokens
         # the data loader knows the next batches: announce ANNOUNCE_AHEAD steps ahead
         fresh = self._announced_from is None
@@ -223,6 +267,10 @@ class Trainer:
         args = (x.to(self.device),) if first else ()
         self.schedule.step(*args, target=y.to(self.device) if last else None, losses=losses,
                            return_outputs=False)  # one recorded step
+        if self.dp_group is not None:  # the mean over replicas of their mean losses' grads
+            from bubblecast.runtime.replicas import allreduce_grads
+
+            allreduce_grads(self.parameters(), self.dp_group, divide=float(c.replicas))
         self.optimizer.step()  # the recording times it (OPTIMIZER)
         self.optimizer.zero_grad(set_to_none=True)
         self.recording.end_step()
@@ -230,8 +278,16 @@ class Trainer:
         if losses is None:
             return None
         loss = sum(float(v.item()) for v in losses) / len(losses)
+        if self.dp_group is not None:
+            from bubblecast.runtime.replicas import allreduce_sum
+
+            loss = allreduce_sum(loss, self.dp_group, _device(self.dp_group)) / c.replicas
         self.losses[step] = loss
         return loss
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, layer by layer (the optimizer's order)."""
+        return [p for i in sorted(self.layers) for p in self.layers[i].parameters()]
 
     def run(self, steps: int, *, on_step_end: StepCallback | None = None,
             control_every: int = 0, progress: Callable[[int, float | None], None] | None = None
@@ -251,6 +307,9 @@ class Trainer:
 
     def apply(self, action: Action | dict) -> dict[str, Any]:
         """Apply an action at this step boundary (collective); its record (``ok``, timing)."""
+        if self.packed is not None or self.config.replicas > 1:
+            raise BubblecastError("actions: the packed model and replicated pipelines do not "
+                                  "change their plan live (no repartition or micro-batch change)")
         if isinstance(action, dict):
             action = action_from_json(action)
         return apply_action(self, action)
@@ -263,7 +322,7 @@ class Trainer:
         self.max_microbatches = max(self.max_microbatches, plan.microbatches)
         self.max_chunks = max(self.max_chunks, plan.chunks)
         self._label()
-        self.recording.attach(schedule, layers=self._chunk_layers(), optimizer=optimizer)
+        self.recording.attach(schedule, layers=self.chunk_layers(), optimizer=optimizer)
 
     # -- state, checkpoints, telemetry --------------------------------------------------
     def layer_state(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -281,9 +340,10 @@ class Trainer:
         checkpoint.save(path, self.layers, self.optimizer, meta, self.group)
 
     def gather_losses(self) -> dict[int, float]:
-        """Collective: every step's loss, from whichever rank held the last stage then."""
-        boxes: list[Any] = [None] * self.world
-        dist.all_gather_object(boxes, self.losses, group=self.group)
+        """Collective (whole job): every step's loss, from whichever rank held the last stage
+        then."""
+        boxes: list[Any] = [None] * dist.get_world_size(self.job_group)
+        dist.all_gather_object(boxes, self.losses, group=self.job_group)
         out: dict[int, float] = {}
         for part in boxes:
             out.update(part)
@@ -291,14 +351,14 @@ class Trainer:
 
     def gather_layer_costs(self) -> list[dict[str, Any]]:
         """Collective: every rank's per-layer cost samples so far, by (step, layer)."""
-        boxes: list[Any] = [None] * self.world
-        dist.all_gather_object(boxes, self.recorder.layer_costs, group=self.group)
+        boxes: list[Any] = [None] * dist.get_world_size(self.job_group)
+        dist.all_gather_object(boxes, self.recorder.layer_costs, group=self.job_group)
         return sorted((r for part in boxes for r in part), key=lambda r: (r["step"], r["layer"]))
 
     def gather_clock(self) -> list[Any]:
         """Collective: every rank's clock-offset estimates against rank 0."""
-        boxes: list[Any] = [None] * self.world
-        dist.all_gather_object(boxes, self.recording.clock, group=self.group)
+        boxes: list[Any] = [None] * dist.get_world_size(self.job_group)
+        dist.all_gather_object(boxes, self.recording.clock, group=self.job_group)
         return [e for part in boxes for e in part]
 
     def run_meta(self, layer_costs: list[dict[str, Any]] | None = None,
@@ -330,21 +390,32 @@ class Trainer:
         partition: list[int] | None = list(init.partition)
         if len(partition) not in (init.stages, init.stages * chunks):
             extra["initial_partition"], partition = partition, None
+        if self.packed is not None:
+            extra["documents"] = self.packed.meta()
         return RunMeta(schedule=init.schedule, stages=init.stages,
-                       microbatches=self.max_microbatches, chunks=chunks, replicas=1,
+                       microbatches=self.max_microbatches, chunks=chunks, replicas=c.replicas,
                        partition=partition, source="bubblecast-runtime", extra=extra)
 
     def close(self, out: str | None = None) -> int | None:
-        """Collective: flush telemetry; rank 0 merges the parts into ``out``; its row count."""
+        """Collective (whole job): flush telemetry; the lead rank merges the parts into
+        ``out``; its row count."""
+        if self.packed is not None:
+            self.packed.close()
         self.recording.close()
         costs, clock = self.gather_layer_costs(), self.gather_clock()
         rows = None
-        if self.rank == 0 and out is not None and self.config.events_dir is not None:
+        if self.is_lead and out is not None and self.config.events_dir is not None:
             rows = merge_parts(self.config.events_dir, out, self.config.run_id,
                                self.run_meta(costs, clock))
             _merge_metrics(self.config.events_dir, out)
-        dist.barrier(group=self.group)
+        dist.barrier(group=self.job_group)
         return rows
+
+    @property
+    def is_lead(self) -> bool:
+        """Whether this rank writes the job's outputs: global rank 0 with replicas, else
+        rank 0 of the pipeline group."""
+        return self.global_rank == 0 if self.config.replicas > 1 else self.rank == 0
 
 
 def _merge_metrics(parts_dir: str, out: str) -> None:
