@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     regimes = {k: regime_part(k, *fits[k], args) for k in REGIMES}
     models = {k: fits[k][0] for k in REGIMES}
     slow = {k: slow_part(k, models[k], args) for k in REGIMES}
-    doc = {**run_header("balance", argv, setting=SHAPE, scenario="jitter", runs=args.runs,
+    doc = {**run_header("balance", argv, setting=SHAPE,
+                        scenario=f"jitter (per-op noise sigma {NOISE})", runs=args.runs,
                         steps=args.steps),
            "regimes": regimes, "slow_replica": slow,
            "outlier_delay": delay_part(models["b"], args), "decision": decision_part(args),

@@ -102,11 +102,15 @@ ABOUT = {
               "local Dask cluster.", "Fleet"),
     "read": ("`read_events` and `bubblecast dataset` on 10.24M events, this code against an "
              "older one.", "Reading"),
+    "balance": ("Planning each step's packed documents (packing, order, micro-batches per "
+                "replica) on simulated runs: static, token balancing, the learned cost model "
+                "and the oracle; a slow replica; outlier delay; decision time.",
+                "Work balancing"),
 }
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "serve", "live", "fleet", "read")
+         "forecast", "policy", "guard", "balance", "serve", "live", "fleet", "read")
 
 
 @dataclass(frozen=True)
@@ -620,11 +624,53 @@ def r_read(doc: dict) -> list[str]:
     return lines
 
 
+def r_balance(doc: dict) -> list[str]:
+    lines = [f"Setting: {facts(doc['setting'].items())}; scenario {doc['scenario']}; "
+             f"{doc['runs']} runs of {doc['steps']} steps per regime (plain means).", ""]
+    for key, part in doc["regimes"].items():
+        cm = part["cost_model"]
+        lines += [f"Regime ({key}) `{part['preset']}`: cost model {cm['learner']}, held-out "
+                  f"p90 relative error {fmt(cm['heldout']['p90_rel_error'], '.4f')} (the per-op "
+                  f"noise alone: {fmt(cm['heldout']['noise_floor_p90'], '.4f')}); coverage "
+                  f"p10-p90 {fmt(cm['heldout']['coverage_p10_p90'], '.3f')}.", ""]
+        rows = [(name, fmt(m["step_ms"], ".2f"), fmt(m["speedup"], ".3f") + "x",
+                 fmt(m["oracle_share"], ".3f"), fmt(m["imbalance"], ".3f"),
+                 fmt(m["decision_ms"], ".2f")) for name, m in part["mean"].items()]
+        rows.append(("bound: every micro-batch at the step's mean",
+                     fmt(part["mean"]["static"]["bound_ms"], ".2f"),
+                     fmt(part["bound_speedup"], ".3f") + "x", "", "", ""))
+        lines += table(["policy", "step ms", "speed-up vs static", "share of oracle's gain",
+                        "imbalance degree", "plan ms"], rows)
+        ahead = part["balance_ahead_of_tokens"]
+        lines += [f"balance ahead of tokens: {pct(ahead['mean'])} (runs: "
+                  + ", ".join(pct(x) for x in ahead["per_run"]) + ").", ""]
+    rows = [(f"({k}) {p['preset']}", ", ".join(fmt(r["recovery"], ".3f") for r in p["runs"]),
+             fmt(p["recovery_mean"], ".3f"), fmt(p["integer_counts_bound"], ".3f"))
+            for k, p in doc["slow_replica"].items()]
+    lines += ["One replica slowed (recovery of the slowdown after the onset against the "
+              "speed-blind planner and the same documents without the fault):", ""]
+    lines += table(["regime", "recovery per run", "mean", "integer counts alone, equal "
+                    "micro-batches"], rows)
+    rows = [(fmt(s["min_share"], ".2f"), s["max_wait"], fmt(s["speedup"], ".3f") + "x",
+             fmt(s["delayed_token_delay_steps"], ".2f"), fmt(s["all_token_delay_steps"], "+.2f"))
+            for s in doc["outlier_delay"]["settings"]]
+    lines += [f"Outlier delay (opt-in), `{doc['outlier_delay']['preset']}`:", ""]
+    lines += table(["outlier at (share of budget)", "max wait", "speed-up (tokens/s)",
+                    "delay of delayed tokens (steps)", "delay over all tokens (steps)"], rows)
+    d = doc["decision"]
+    rows = [(label, fmt(d[label]["median_ms"], ".2f"), fmt(d[label]["p90_ms"], ".2f"))
+            for label in ("equal speeds", "one replica 1.5x")]
+    lines += [f"Decision time, `plan_batch` on {d['documents']:,} documents, {d['replicas']} "
+              f"replicas x {d['microbatches']} micro-batches, {d['stages']} stages "
+              f"({d['samples']} samples):", ""]
+    return lines + table(["speeds", "median ms", "p90 ms"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
-    "live": r_live, "fleet": r_fleet, "read": r_read,
+    "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
 }
 
 
