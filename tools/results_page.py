@@ -802,12 +802,22 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     def engine(d: dict) -> str:
         return f"{d['cold_speedup_min']['opmajor']:.0f}x or more"
 
+    def balance(d: dict) -> str:
+        a, b = (d["regimes"][k]["mean"] for k in ("a", "b"))
+        return (f"(a) balance {a['balance']['speedup']:.3f}x, tokens "
+                f"{a['tokens']['speedup']:.3f}x; (b) balance {b['balance']['speedup']:.3f}x, "
+                f"tokens {b['tokens']['speedup']:.3f}x; slow replica recovered "
+                + " / ".join(f"{d['slow_replica'][k]['recovery_mean']:.0%}" for k in ("a", "b")))
+
     add("schedules.json", lambda d: "Bubble fraction at the zero-bubble paper's Table-5 "
         f"setting (P={d['setting']['stages']}, M={d['setting']['microbatches']})", sched)
     add("engine.json", "Timing engine against the reference event loop, slowest schedule, cold "
         "caches", engine)
     add("forecast.json", "LightGBM forecasts on held-out runs: skill against the best "
         "baseline, p10-p90 coverage", forecast)
+    add("balance.json", "Per-step work planning on packed documents over the data loader's "
+        "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
+        "replicas, simulated)", balance)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
         f"`--cluster local:{d['workers']}` against in process ({d['cpus']} cores)", fleet)
