@@ -30,14 +30,14 @@ import numpy as np
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.decision import Decision
-from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
-from bubblecast.policy.guard import (
+from bubblecast.policy.forecast_guard import (
     ForecastGuard,
     GuardConfig,
     MoveBudget,
     observed_plan,
     payback_plan,
 )
+from bubblecast.policy.forecasting import SpeedForecaster, TrendForecaster
 from bubblecast.policy.solver import Partition, SolverTables, candidates, min_bottleneck, solve
 from bubblecast.policy.state import PolicyState, RunContext, horizon_grid, planning_speed
 from bubblecast.policy.viterbi import first_move, viterbi
@@ -134,9 +134,10 @@ class PredictivePolicy(Policy):
     ``margin``: the saving must exceed ``(1 + margin)`` x migration cost; ``min_gain``: and at
     least this fraction of the predicted step time per step; ``hold``: steps after a move during
     which it does not move again; ``min_history``: steps observed before the first decision;
-    ``guard``: the forecast guard and move budget (:mod:`bubblecast.policy.guard`): while the
-    forecaster's realised error is worse than the naive forecast's, the decision is ``fallback``'s
-    (reactive, on at most the history there is), and no more than the budget's moves are made.
+    ``guard``: the forecast guard and move budget (:mod:`bubblecast.policy.forecast_guard`): while
+    the forecaster's realised error is worse than the naive forecast's, the decision is
+    ``fallback``'s (reactive, on at most the history there is), and no more than the budget's moves
+    are made.
     ``clock``, when set before a decision, is the absolute step index of the state's last history
     row (history drops old rows live). ``timing``: also choose *when* to move, for forecasts
     that ramp in (a thermal lead's): :func:`~bubblecast.policy.viterbi.first_move` over

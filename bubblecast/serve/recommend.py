@@ -9,10 +9,10 @@ When the policy keeps the plan before predicting anything (collecting history, h
 a move, no imbalance worth a move), the service adds the predicted step time of the current
 plan (the timing engine, via :func:`bubblecast.sim.steptime.predicted_step`).
 
-The policy's forecast guard (:mod:`bubblecast.policy.guard`) has no memory across requests:
-each request's policy backtests the model at up to 16 past origins of the request's own
-window (the window cut at each origin) and falls back to reactive when the model's realised
-error there is worse than the naive forecast's; its verdict is in the reason.
+The policy's forecast guard (:mod:`bubblecast.policy.forecast_guard`) has no memory across requests:
+each request's policy backtests the model at up to 16 past origins of the request's own window (the
+window cut at each origin) and falls back to reactive when the model's realised error there is worse
+than the naive forecast's; its verdict is in the reason.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.evaluate import EvalConfig, evaluate_run, migration_model, run_policy
+from bubblecast.policy.forecast_guard import ForecastGuard, GuardConfig, MoveBudget
 from bubblecast.policy.forecasting import TrendForecaster
-from bubblecast.policy.guard import ForecastGuard, GuardConfig, MoveBudget
 from bubblecast.policy.policies import PredictivePolicy
 from bubblecast.policy.rundata import load_run
 from bubblecast.policy.state import PolicyState
@@ -167,7 +167,7 @@ def test_a_fresh_policy_backtests_a_served_model_on_the_window_itself():
 
 
 def test_payback_plan_stops_at_the_run_end_and_at_the_slowdown_age():
-    from bubblecast.policy.guard import payback_plan, slowdown_age
+    from bubblecast.policy.forecast_guard import payback_plan, slowdown_age
     from bubblecast.policy.state import horizon_grid
 
     hz, weight = horizon_grid(256)
