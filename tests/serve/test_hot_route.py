@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bubblecast.serve.app import create_app
-from bubblecast.serve.guard import Guard, _json_body
+from bubblecast.serve.http_guard import Guard, _json_body
 from tests.serve.conftest import TestClient
 from tests.serve.fakes import forecast_request
 
