@@ -24,7 +24,7 @@ names; every row of :data:`SCHEDULES` with ``simulable``):
 
 Besides names, ``torch:<ClassName>`` simulates the order torch itself generates for one of
 its multi-stage classes and ``csv:FILE`` an order in torch's CSV format
-(:mod:`bubblecast.sim.actions`). :func:`build_graph` turns a schedule into the engine's
+(:mod:`bubblecast.sim.torch_actions`). :func:`build_graph` turns a schedule into the engine's
 :class:`OpGraph` under the SPEC §2 communication model, and :func:`to_torch_actions` exports
 torch.distributed.pipelining's action-list notation.
 """
@@ -64,14 +64,14 @@ def vstage_ranks(name: str, stages: int, chunks: int) -> np.ndarray:
     spec = lookup_schedule(name)
     style = spec.style if spec is not None else "loop"
     if is_sourced(name):
-        from bubblecast.sim import actions
+        from bubblecast.sim import torch_actions
 
         kind, _, arg = name.partition(":")
         if kind == "torch":
-            style = actions.TORCH_MULTI.get(arg, "loop")
+            style = torch_actions.TORCH_MULTI.get(arg, "loop")
         else:
             try:
-                table = np.asarray(actions.csv_lanes(arg)[1], dtype=np.int64)
+                table = np.asarray(torch_actions.csv_lanes(arg)[1], dtype=np.int64)
             except BubblecastError:
                 table = np.zeros(0)
             if table.shape == (stages, chunks):
@@ -221,15 +221,15 @@ def build_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -
 def _sourced(name: str, stages: int, microbatches: int, chunks: int) -> Schedule:
     """A ``torch:<ClassName>`` or ``csv:FILE`` schedule; its shape must match the given one
     (a V-shape torch class, or a file, fixes the chunks: 1 is read as "as the order says")."""
-    from bubblecast.sim import actions
+    from bubblecast.sim import torch_actions
 
     kind, _, arg = name.partition(":")
     if kind == "torch":
-        if actions.TORCH_MULTI.get(arg) == "v":
+        if torch_actions.TORCH_MULTI.get(arg) == "v":
             chunks = 2 if chunks == 1 else chunks
-        lanes, placement = actions.torch_lanes(arg, stages, microbatches, chunks)
+        lanes, placement = torch_actions.torch_lanes(arg, stages, microbatches, chunks)
     else:
-        lanes, placement = actions.csv_lanes(arg)
+        lanes, placement = torch_actions.csv_lanes(arg)
     got_chunks = len(placement[0]) if placement else 1
     got_mb = 1 + max((op.microbatch for lane in lanes for op in lane), default=-1)
     for field, given, got in (("--stages", stages, len(lanes)),
@@ -331,6 +331,6 @@ def to_torch_actions(schedule: Schedule) -> dict[int, list[str]]:
     backward is split, e.g. ``"0F1"``, ``"9I0"``, ``"1W3"``;
     ``torch...schedules._Action.from_str`` parses each string.
     """
-    from bubblecast.sim.actions import actions_of
+    from bubblecast.sim.torch_actions import actions_of
 
     return actions_of(schedule.ranks, tuple(map(tuple, schedule.vstages.tolist())))

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.oracles.sim_reference import simulate_reference
 from bubblecast.errors import BubblecastError
-from bubblecast.sim import actions
+from bubblecast.sim import torch_actions
 from bubblecast.sim.engine import simulate
 from bubblecast.sim.schedules import SCHEDULES, build_schedule, schedule_graph, to_torch_actions
 
@@ -43,7 +43,7 @@ def test_builders_equal_the_orders_torch_generates(cls):
             ours = _ours(name, p, m, v)
             if ours is None:
                 continue
-            lanes, placement = actions.torch_lanes(cls, p, m, v)
+            lanes, placement = torch_actions.torch_lanes(cls, p, m, v)
             assert [list(lane) for lane in ours.ranks] == lanes, (cls, p, m, v)
             assert tuple(map(tuple, ours.vstages.tolist())) == placement, (cls, p, m, v)
             checked += 1
@@ -52,7 +52,7 @@ def test_builders_equal_the_orders_torch_generates(cls):
 
 def test_zb_h1_is_torch_zero_bubble_with_one_chunk():
     for p, m in [(2, 4), (4, 8), (4, 12), (8, 24)]:
-        lanes, _ = actions.torch_lanes("ScheduleInterleavedZeroBubble", p, m, 1)
+        lanes, _ = torch_actions.torch_lanes("ScheduleInterleavedZeroBubble", p, m, 1)
         assert [list(lane) for lane in build_schedule("zb-h1", p, m).ranks] == lanes
 
 
@@ -82,7 +82,7 @@ def test_csv_round_trip(tmp_path, name):
     v = 2 if SCHEDULES[name].multi_chunk else 1
     sched = build_schedule(name, 4, 8, v)
     path = tmp_path / "s.csv"
-    actions.write_csv(path, to_torch_actions(sched))
+    torch_actions.write_csv(path, to_torch_actions(sched))
     back = build_schedule(f"csv:{path}", 4, 8, v)
     assert back.ranks == sched.ranks and (back.vstages == sched.vstages).all()
 
@@ -90,7 +90,7 @@ def test_csv_round_trip(tmp_path, name):
 def test_csv_from_torchs_own_dump(tmp_path):
     """A file torch's ``_dump_csv`` wrote (compute only: empty cells for idle slots, overlapped
     pairs) and one with its communication actions both load."""
-    from bubblecast.sim.actions import _StandIn
+    from bubblecast.sim.torch_actions import _StandIn
 
     torch = pytest.importorskip("torch")
     p, m = 2, 4
@@ -153,7 +153,7 @@ def test_csv_and_torch_sources_simulate_like_the_named_schedule(tmp_path, name):
     from bubblecast.sim.simulator import SimConfig, simulate_events
 
     path = tmp_path / "s.csv"
-    actions.write_csv(path, to_torch_actions(build_schedule(name, 4, 8, 2)))
+    torch_actions.write_csv(path, to_torch_actions(build_schedule(name, 4, 8, 2)))
     torch_name = "torch:" + SCHEDULES[name].torch_class
     frames = []
     for source in (name, f"csv:{path}", torch_name):

@@ -121,9 +121,9 @@ def _v_run(schedule: str, **kw: object) -> Events:
 def test_v_shape_runs_replay_and_an_unchanged_counterfactual_reproduces_them(schedule, tmp_path):
     """A simulated V-shape run (rank r holds virtual stages r and 2P - 1 - r) replays exactly:
     every op's start and end, and whatif's scenarios run (no dependency cycle)."""
-    from bubblecast.sim.actions import write_csv
     from bubblecast.sim.analysis import BubbleAnalysis
     from bubblecast.sim.schedules import build_schedule, to_torch_actions
+    from bubblecast.sim.torch_actions import write_csv
 
     if schedule == "torch-csv":  # a csv: order whose file is gone by the time of the replay
         path = tmp_path / "zbv.csv"
