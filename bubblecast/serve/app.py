@@ -38,9 +38,9 @@ from bubblecast._version import __version__
 from bubblecast.errors import BubblecastError
 from bubblecast.serve.errors import error_body, validation_body
 from bubblecast.serve.http_guard import JSON, OPEN_ROUTES, Guard, authorized, bearer
-from bubblecast.serve.metrics import Metrics
 from bubblecast.serve.openapi import service_openapi
 from bubblecast.serve.predictor import Predictor
+from bubblecast.serve.prometheus import Metrics
 from bubblecast.serve.schemas import (
     ErrorResponse,
     ForecastRequest,

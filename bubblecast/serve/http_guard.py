@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from bubblecast.serve.errors import error_body
-from bubblecast.serve.metrics import Metrics
+from bubblecast.serve.prometheus import Metrics
 
 #: Routes answered without the bearer token: liveness and readiness probes (``/readyz``
 #: names the model only to a caller with the token).

@@ -8,7 +8,7 @@ import re
 from fastapi.testclient import TestClient
 
 from bubblecast.serve.app import create_app
-from bubblecast.serve.metrics import Metrics
+from bubblecast.serve.prometheus import Metrics
 
 
 def _value(text: str, name: str, generation: int) -> float:
