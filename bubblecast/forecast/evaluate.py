@@ -18,7 +18,7 @@ from bubblecast.dataset.features import horizons_of
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.base import Forecaster
 from bubblecast.forecast.baselines import BASELINES, make_baseline
-from bubblecast.forecast.metrics import point_metrics, skill
+from bubblecast.forecast.error_metrics import point_metrics, skill
 
 
 def unique_names(kinds: list[str], taken: list[str] | None = None) -> list[str]:

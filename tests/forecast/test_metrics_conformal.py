@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bubblecast.forecast.conformal import apply_shifts, conformal_shifts
-from bubblecast.forecast.metrics import pinball, point_metrics, skill
+from bubblecast.forecast.error_metrics import pinball, point_metrics, skill
 
 
 def test_point_metrics_match_hand_computation():
