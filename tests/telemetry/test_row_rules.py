@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bubblecast.runtime.parts import OPS, event_arrays, event_columns
 from bubblecast.telemetry import SchemaError, from_frame, read_events, write_events
-from bubblecast.telemetry.builder import EventsBuilder
+from bubblecast.telemetry.events_builder import EventsBuilder
 from bubblecast.telemetry.fastwrite import RankArrays, check_rank_arrays, write_rank_arrays
 from bubblecast.telemetry.row_rules import ROW_RULES, first_duplicate
 from bubblecast.telemetry.schema import OPTIONAL, RunMeta
