@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from bubblecast.dataset import DatasetConfig, build_dataset
-from bubblecast.forecast.evaluate import evaluate
 from bubblecast.forecast.evaluation_run import bubbles_per_model
+from bubblecast.forecast.forecast_evaluation import evaluate
 from bubblecast.forecast.lgbm import LGBMForecaster
 from bubblecast.forecast.seq import SeqForecaster
 from bubblecast.forecast.suite import HELD_OUT, SuiteConfig, suite_events

@@ -9,7 +9,7 @@ import pandas as pd
 from bubblecast.dataset.splits import rolling_origin
 from bubblecast.forecast.base import Forecaster
 from bubblecast.forecast.baselines import BASELINES
-from bubblecast.forecast.evaluate import evaluate, unique_names
+from bubblecast.forecast.forecast_evaluation import evaluate, unique_names
 
 
 def rolling_backtest(frame: pd.DataFrame, make: Callable[[], Forecaster], n_folds: int = 3,

@@ -16,7 +16,7 @@ from bubblecast.dataset.fleet import read_features_skipping
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.baselines import BASELINES
 from bubblecast.forecast.cost_model import CostModel
-from bubblecast.forecast.evaluate import Evaluation, evaluate, unique_names
+from bubblecast.forecast.forecast_evaluation import Evaluation, evaluate, unique_names
 from bubblecast.forecast.modeldir import COST_KIND, load_model
 from bubblecast.telemetry.events import Events
 

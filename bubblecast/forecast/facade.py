@@ -192,7 +192,7 @@ class BubbleForecast:
         is fitted on their events."""
         from bubblecast.dataset.builder import build_dataset
         from bubblecast.forecast.cost_model import CostModel
-        from bubblecast.forecast.evaluate import unique_names
+        from bubblecast.forecast.forecast_evaluation import unique_names
         from bubblecast.forecast.training import MIN_RUNS
 
         models = self._unfitted()

@@ -133,7 +133,7 @@ def _score_holdout(model: Any, kind: str, test_frame: Any, seed: int,
     ``(None, None, {})`` without any."""
     if test_frame is None:
         return None, None, {}
-    from bubblecast.forecast.evaluate import evaluate
+    from bubblecast.forecast.forecast_evaluation import evaluate
 
     note(f"scoring {test_frame['run_id'].nunique()} held-out runs")
     preds = model.predict_signal(test_frame, list(model.horizons_))

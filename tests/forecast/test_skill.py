@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bubblecast.dataset import DatasetConfig, build_dataset
-from bubblecast.forecast.evaluate import evaluate
+from bubblecast.forecast.forecast_evaluation import evaluate
 from bubblecast.forecast.lgbm import LGBMForecaster
 from bubblecast.forecast.seq import SeqForecaster
 from bubblecast.forecast.suite import HELD_OUT, SuiteConfig, suite_events
