@@ -52,9 +52,14 @@ class Mirrored:
 
 def evaluate(scenario: str, seed: int, runs: int, steps: int, model: Any) -> list[dict]:
     """Per run: each forecaster's gain vs static (%), its moves, the oracle's and reactive's."""
-    from bubblecast.policy.evaluate import EvalConfig, evaluate_run, migration_model, run_policy
     from bubblecast.policy.forecasting import TrendForecaster
     from bubblecast.policy.policies import PredictivePolicy
+    from bubblecast.policy.policy_evaluation import (
+        EvalConfig,
+        evaluate_run,
+        migration_model,
+        run_policy,
+    )
     from bubblecast.policy.rundata import load_run
     from bubblecast.policy.speeds import model_forecaster
     from bubblecast.sim.simulator import SimConfig, simulate_events

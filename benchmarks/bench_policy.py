@@ -2,10 +2,10 @@
 
 Simulates runs (1F1B, 4 stages, 8 microbatches, 32 equal layers sized like the zero-bubble
 paper's 1.3B-class stage times, 0.6 ms p2p) for each scenario with seeds never used for
-training or tuning (90000 + k; tuning used ``--dev`` seeds 1000 + k), evaluates every policy with
-:func:`bubblecast.policy.evaluate.evaluate_events` and reports, per scenario, mean step time
-and the saving over static of each policy, the predictive policy's share of the oracle's gain,
-and the Done-means checks of issue 6:
+training or tuning (90000 + k; tuning used ``--dev`` seeds 1000 + k), evaluates every policy
+with :func:`bubblecast.policy.policy_evaluation.evaluate_events` and reports, per scenario, mean
+step time and the saving over static of each policy, the predictive policy's share of the
+oracle's gain, and the Done-means checks of issue 6:
 
 - predictive captures >= 90% of the oracle's gain over static, on average (the plain mean over
   runs where the oracle gains anything; the gain-weighted ratio is reported beside it);
@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bubblecast.policy.cost import MigrationConstants
-from bubblecast.policy.evaluate import EvalConfig, evaluate_events
+from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
 from bubblecast.sim.scenarios import RunShape, Scenario, ScenarioDraw, make_scenario
 from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.sim.workload import Workload

@@ -119,7 +119,7 @@ def test_the_service_serves_the_default_model():
 
 def test_the_predictive_policy_uses_the_default_model():
     from bubblecast.forecast.modeldir import load_model
-    from bubblecast.policy.evaluate import EvalConfig, evaluate_events
+    from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
     from bubblecast.telemetry.importers import load_events
 
     events = load_events(DATA / "sim" / "mixed.parquet")

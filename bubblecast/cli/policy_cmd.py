@@ -52,7 +52,7 @@ def policy_eval(
     from bubblecast.errors import BubblecastError
     from bubblecast.policy.api import load_runs
     from bubblecast.policy.cost import MigrationConstants
-    from bubblecast.policy.evaluate import EvalConfig, evaluate_events, plot_traces
+    from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events, plot_traces
     from bubblecast.telemetry.importers import timing_of
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -109,7 +109,7 @@ def _mapped(runs: list[Path], names: list[str], config: object, format: str,
     """policy-eval unit by unit (a fleet run by run; on Dask with ``cluster``), reduced here:
     the same report as the in-process path, plus ``skipped_runs`` with ``--skip-bad-runs``."""
     from bubblecast.errors import BubblecastError
-    from bubblecast.policy.evaluate import KNOWN, combine, evaluate_unit
+    from bubblecast.policy.policy_evaluation import KNOWN, combine, evaluate_unit
     from bubblecast.telemetry.cluster import executor, note_skipped
     from bubblecast.telemetry.fleet import units_of
 

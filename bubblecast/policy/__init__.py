@@ -12,7 +12,7 @@
   types in :mod:`~bubblecast.policy.runcore`): a run's data for counterfactual evaluation
   (ground truth, or replay-rescaled for logged runs). Step timing lives in
   :mod:`bubblecast.sim.steptime`;
-- :mod:`~bubblecast.policy.evaluate`: offline evaluation behind ``bubblecast policy-eval``.
+- :mod:`~bubblecast.policy.policy_evaluation`: offline evaluation behind ``bubblecast policy-eval``.
 
 Submodules are imported where needed (nothing heavy loads with this package).
 """

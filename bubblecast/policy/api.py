@@ -32,7 +32,7 @@ from bubblecast.telemetry.events import Events
 if TYPE_CHECKING:
     import pandas as pd
 
-    from bubblecast.policy.evaluate import PolicyTrace
+    from bubblecast.policy.policy_evaluation import PolicyTrace
 
 DEFAULT_POLICIES = ("static", "reactive", "predictive", "oracle")
 
@@ -135,7 +135,7 @@ class PolicyEvaluation:
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Step time over steps per policy and run, actions marked (as ``--plot``)."""
-        from bubblecast.policy.evaluate import plot_traces
+        from bubblecast.policy.policy_evaluation import plot_traces
 
         return plot_traces(self.traces, path)
 
@@ -198,7 +198,7 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
     ``forecaster`` also gives balance its replica speeds; the rest as the command's options.
     """
     from bubblecast.policy.cost import MigrationConstants
-    from bubblecast.policy.evaluate import EvalConfig, evaluate_events
+    from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
     from bubblecast.telemetry.importers import timing_of
 
     names, params = _policies(policies)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.evaluate import (
+from bubblecast.policy.policy_evaluation import (
     REQUIRED_KEYS,
     EvalConfig,
     evaluate_events,

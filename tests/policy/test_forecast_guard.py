@@ -8,10 +8,15 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
-from bubblecast.policy.evaluate import EvalConfig, evaluate_run, migration_model, run_policy
 from bubblecast.policy.forecast_guard import ForecastGuard, GuardConfig, MoveBudget
 from bubblecast.policy.forecasting import TrendForecaster
 from bubblecast.policy.policies import PredictivePolicy
+from bubblecast.policy.policy_evaluation import (
+    EvalConfig,
+    evaluate_run,
+    migration_model,
+    run_policy,
+)
 from bubblecast.policy.rundata import load_run
 from bubblecast.policy.state import PolicyState
 from bubblecast.sim.shape import PipelineShape

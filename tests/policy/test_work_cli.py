@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bubblecast.cli import main
-from bubblecast.policy.evaluate import REQUIRED_KEYS
+from bubblecast.policy.policy_evaluation import REQUIRED_KEYS
 from bubblecast.policy.work_whatif import NO_LENGTHS, NO_TOKENS_SQ, BubbleAnalysis
 from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.telemetry import read_events, write_events

@@ -8,7 +8,7 @@ import pytest
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.api import Policy, evaluate_policies
-from bubblecast.policy.evaluate import REQUIRED_KEYS, EvalConfig, evaluate_events
+from bubblecast.policy.policy_evaluation import REQUIRED_KEYS, EvalConfig, evaluate_events
 from bubblecast.policy.work_eval import NO_DOCUMENTS, check_plan, load_document_run
 from bubblecast.policy.work_plan import PlanConfig, WorkPlan, plan_static
 from bubblecast.sim.documents import WorkCost

@@ -13,7 +13,7 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import NoOp, PlanWork, action_from_json, action_to_json
 from bubblecast.policy.decision import Decision
-from bubblecast.policy.evaluate import EvalConfig, evaluate_events
+from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
 from bubblecast.policy.work_eval import load_document_run, observed_context
 from bubblecast.policy.work_policies import (
     BalanceWork,

@@ -50,7 +50,7 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
         served, info = load_served(model)
         fc = ModelSpeeds(check_model(served), name=info.name)
         return fc, f"model '{info.name}' version {info.version} from {model} (in process)"
-    from bubblecast.policy.evaluate import BUILTIN_FORECASTER
+    from bubblecast.policy.policy_evaluation import BUILTIN_FORECASTER
     from bubblecast.runtime.control.observe import live_forecaster
 
     return live_forecaster(), (f"{BUILTIN_FORECASTER}, on the raw per-step speeds relative to "
