@@ -60,7 +60,7 @@ def evaluate(scenario: str, seed: int, runs: int, steps: int, model: Any) -> lis
         migration_model,
         run_policy,
     )
-    from bubblecast.policy.rundata import load_run
+    from bubblecast.policy.run_data import load_run
     from bubblecast.policy.speeds import model_forecaster
     from bubblecast.sim.simulator import SimConfig, simulate_events
 

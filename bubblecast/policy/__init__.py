@@ -8,9 +8,8 @@
 - :mod:`~bubblecast.policy.state`: what a policy sees, and the planning-speed formula;
 - :mod:`~bubblecast.policy.policies`: static, reactive, predictive and oracle policies;
 - :mod:`~bubblecast.policy.api`: public ``Policy`` objects and ``evaluate_policies``;
-- :mod:`~bubblecast.policy.rundata` / :mod:`~bubblecast.policy.replaydata` (their shared
-  types in :mod:`~bubblecast.policy.runcore`): a run's data for counterfactual evaluation
-  (ground truth, or replay-rescaled for logged runs). Step timing lives in
+- :mod:`~bubblecast.policy.run_data`: a run's data for counterfactual evaluation (ground
+  truth, or replay-rescaled for logged runs). Step timing lives in
   :mod:`bubblecast.sim.steptime`;
 - :mod:`~bubblecast.policy.policy_evaluation`: offline evaluation behind ``bubblecast policy-eval``.
 

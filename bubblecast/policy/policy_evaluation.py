@@ -1,6 +1,6 @@
 """Offline policy evaluation: replay each run step by step under each policy.
 
-For every run (:mod:`bubblecast.policy.rundata`) and policy: after each step the policy sees
+For every run (:mod:`bubblecast.policy.run_data`) and policy: after each step the policy sees
 the observed per-rank speeds so far and its partition, and decides; a repartition applies from
 the next step, which also pays the migration pause. The partitions chosen per step then give
 counterfactual op times (ground truth, or replay-rescaled for logged runs), timed in one batch.
@@ -37,7 +37,7 @@ from bubblecast.policy.policies import (
     ReactivePolicy,
     StaticPolicy,
 )
-from bubblecast.policy.rundata import RunData, load_run
+from bubblecast.policy.run_data import RunData, load_run
 from bubblecast.policy.speeds import model_forecaster
 from bubblecast.policy.state import PolicyState, RunContext
 from bubblecast.policy.work_eval import (

@@ -35,7 +35,7 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.decision import Decision
-from bubblecast.policy.runcore import logged_partitions
+from bubblecast.policy.run_data import logged_partitions
 from bubblecast.policy.work_fit import microbatch_table
 from bubblecast.policy.work_plan import PlanConfig, WorkPlan, plan_static
 from bubblecast.policy.work_policies import (

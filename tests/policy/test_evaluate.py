@@ -13,7 +13,7 @@ from bubblecast.policy.policy_evaluation import (
     evaluate_run,
     plot_traces,
 )
-from bubblecast.policy.rundata import load_run
+from bubblecast.policy.run_data import load_run
 from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.telemetry.importers import load_events
 

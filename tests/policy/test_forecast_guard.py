@@ -17,7 +17,7 @@ from bubblecast.policy.policy_evaluation import (
     migration_model,
     run_policy,
 )
-from bubblecast.policy.rundata import load_run
+from bubblecast.policy.run_data import load_run
 from bubblecast.policy.state import PolicyState
 from bubblecast.sim.shape import PipelineShape
 from bubblecast.sim.simulator import SimConfig, simulate_events

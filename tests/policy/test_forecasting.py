@@ -64,7 +64,7 @@ def test_short_history_still_forecasts():
 def test_a_trained_model_is_looked_up_by_step_in_the_policy_unit():
     from bubblecast.dataset import DatasetConfig, build_dataset
     from bubblecast.forecast.modeldir import make_model
-    from bubblecast.policy.rundata import load_run
+    from bubblecast.policy.run_data import load_run
     from bubblecast.policy.speeds import model_forecaster
     from bubblecast.sim.simulator import SimConfig, simulate_events
 
