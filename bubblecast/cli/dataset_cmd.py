@@ -52,9 +52,14 @@ def dataset(
                                    help="none, or auto: covariate features from the device "
                                         "metrics (*.metrics beside the events) and run "
                                         "calendar present."),
+    threads: int | None = typer.Option(None, "--threads",
+                                       help="Threads for the features: N, or -1 (the default) "
+                                            "every core, -2 all but one; the values are the "
+                                            "same for any number."),
 ) -> None:
     """Build features and per-horizon targets (one row per run, replica, stage and step)."""
     from bubblecast.dataset import DatasetConfig
+    from bubblecast.dataset.threads import resolve_jobs
     from bubblecast.errors import BubblecastError
     from bubblecast.telemetry.fleet import is_directory_target
 
@@ -64,12 +69,13 @@ def dataset(
         config = DatasetConfig(horizons=tuple(hz or ()), windows=tuple(ws or ()), lags=lags,
                                max_period=min(30, max(2, max(ws or [2]) // 2)),
                                covariates=covariates)
+        jobs = resolve_jobs(threads)
     except ValueError as exc:
-        raise BubblecastError(str(exc)) from None
+        raise BubblecastError(str(exc).replace("n_jobs", "--threads")) from None
     if cluster is not None or is_directory_target(out):
-        summary = _partitioned(runs, out, config, format, cluster, skip_bad_runs, json_out)
+        summary = _partitioned(runs, out, config, format, cluster, skip_bad_runs, json_out, jobs)
     else:
-        summary = _in_process(runs, out, config, format, skip_bad_runs, json_out)
+        summary = _in_process(runs, out, config, format, skip_bad_runs, json_out, jobs)
     if config.covariates != "none":
         summary["covariates"] = config.covariates
     if json_out:
@@ -80,20 +86,20 @@ def dataset(
 
 
 def _partitioned(runs: list[Path], out: str, config: object, format: str, cluster: str | None,
-                 skip_bad: bool, json_out: bool) -> dict:
+                 skip_bad: bool, json_out: bool, jobs: int) -> dict:
     """Features built run by run (on Dask with ``cluster``) into a dataset partitioned by run."""
     from bubblecast.dataset.fleet import build_partitioned
     from bubblecast.telemetry.cluster import executor, note_skipped
 
     with executor(cluster, progress=not json_out) as ex:
         summary = build_partitioned(runs, out, config, ex, format=format, skip_bad=skip_bad,
-                                    sources=[str(p) for p in runs])
+                                    sources=[str(p) for p in runs], n_jobs=jobs)
     note_skipped(summary.get("skipped_runs", []))
     return summary
 
 
 def _in_process(runs: list[Path], out: str, config: object, format: str, skip_bad: bool,
-                json_out: bool) -> dict:
+                json_out: bool, jobs: int) -> dict:
     """Today's path: every input read into this process, one features file written."""
     from bubblecast.dataset import build_dataset, write_features
     from bubblecast.dataset.builder import load_for_dataset
@@ -125,7 +131,8 @@ def _in_process(runs: list[Path], out: str, config: object, format: str, skip_ba
 
             metrics = pd.concat([read_metrics(p) for p in runs], ignore_index=True)
         frame, meta = build_dataset(events, config, progress=note,
-                                    sources=[str(p) for p in runs], metrics=metrics)
+                                    sources=[str(p) for p in runs], metrics=metrics,
+                                    n_jobs=jobs)
         note(f"writing {out}")
         write_features(frame, meta, out)
     summary = {"out": str(out), "rows": len(frame), "runs": len(meta.runs),

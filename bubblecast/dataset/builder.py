@@ -56,11 +56,14 @@ def run_info(events: Events) -> dict[str, dict[str, Any]]:
 def build_dataset(events: Events, config: DatasetConfig | None = None,
                   progress: Callable[[str], None] | None = None,
                   sources: list[str] | None = None,
-                  metrics: pd.DataFrame | None = None) -> tuple[pd.DataFrame, FeaturesMeta]:
+                  metrics: pd.DataFrame | None = None,
+                  n_jobs: int | None = None) -> tuple[pd.DataFrame, FeaturesMeta]:
     """The features frame of ``events`` and its metadata (config, fingerprint, runs).
 
     ``metrics``: the runs' ``device_metrics`` rows, read when ``config.covariates`` is
-    ``auto`` (covariate features, :mod:`bubblecast.dataset.covariates`).
+    ``auto`` (covariate features, :mod:`bubblecast.dataset.covariates`). ``n_jobs``: threads
+    of the features (scikit-learn's convention, None or -1 every core); the values do not
+    depend on it.
 
     Runs are independent, so this can run per run (or per partition of runs) and the frames
     concatenated; the result is the same.
@@ -70,7 +73,7 @@ def build_dataset(events: Events, config: DatasetConfig | None = None,
     note("step series")
     info = run_info(events)  # before the features exist: its temporaries do not add to them
     series = step_series(events)
-    frame = build_features(series, config, progress=note)
+    frame = build_features(series, config, progress=note, n_jobs=n_jobs)
     if config.covariates != "none":
         from bubblecast.dataset.covariates import add_covariates
 

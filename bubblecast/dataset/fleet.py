@@ -78,29 +78,29 @@ def _read_at_once(units: list[Any], format: str, config: DatasetConfig) -> Event
     return events
 
 
-def _features(events: Events, config: DatasetConfig, metrics: Any = None
-              ) -> tuple[pd.DataFrame, FeaturesMeta]:
+def _features(events: Events, config: DatasetConfig, metrics: Any = None,
+              n_jobs: int | None = 1) -> tuple[pd.DataFrame, FeaturesMeta]:
     """:func:`build_dataset` of a group, less the fingerprint when there are no covariates
     (the reduce makes the dataset's from the row hashes, computed once per group)."""
     if config.covariates != "none":
-        return build_dataset(events, config, metrics=metrics)
+        return build_dataset(events, config, metrics=metrics, n_jobs=n_jobs)
     from bubblecast.dataset.builder import run_info
     from bubblecast.dataset.features import build_features
     from bubblecast.dataset.series import step_series
 
     info = run_info(events)
-    frame = build_features(step_series(events), config)
+    frame = build_features(step_series(events), config, n_jobs=n_jobs)
     return frame, FeaturesMeta(config=config, fingerprint="", run_info=info,
                                runs=[str(r) for r in frame["run_id"].cat.categories])
 
 
-def _group_features(units: list[Any], format: str, config: DatasetConfig, skip_bad: bool
-                    ) -> tuple[pd.DataFrame | None, FeaturesMeta | None, Events | None,
-                               list[dict[str, Any]]]:
+def _group_features(units: list[Any], format: str, config: DatasetConfig, skip_bad: bool,
+                    n_jobs: int | None = 1) -> tuple[pd.DataFrame | None, FeaturesMeta | None,
+                                                     Events | None, list[dict[str, Any]]]:
     """The group's features frame, metadata and events, and the runs skipped."""
     events = _read_at_once(units, format, config)
     if events is not None:
-        frame, meta = _features(events, config)
+        frame, meta = _features(events, config, n_jobs=n_jobs)
         return frame, meta, events, []
     loaded, skipped = [], []
     for unit in units:
@@ -112,9 +112,9 @@ def _group_features(units: list[Any], format: str, config: DatasetConfig, skip_b
         return None, None, None, skipped
     if len(loaded) == 1 or all(m is None for _, m in loaded):
         events = loaded[0][0] if len(loaded) == 1 else Events.concat([e for e, _ in loaded])
-        frame, meta = _features(events, config, loaded[0][1])
+        frame, meta = _features(events, config, loaded[0][1], n_jobs)
         return frame, meta, events, skipped
-    built = [_features(e, config, m) for e, m in loaded]  # metrics are per unit
+    built = [_features(e, config, m, n_jobs) for e, m in loaded]  # metrics are per unit
     frame = pd.concat([f for f, _ in built], ignore_index=True)
     meta = FeaturesMeta(config=config, fingerprint="", runs=[r for _, m in built
                                                              for r in m.runs],
@@ -158,14 +158,14 @@ def _write_parts(frame: pd.DataFrame, meta: FeaturesMeta, hashes: Any, config: D
 
 
 def build_unit(units: list[Any], format: str, config: DatasetConfig, tmp: str,
-               skip_bad: bool = False) -> dict[str, Any]:
+               skip_bad: bool = False, n_jobs: int | None = 1) -> dict[str, Any]:
     """A group of units of a partitioned build (fleet runs, or a file of runs), on any worker:
     read them, build their features at once and write one part per run under ``tmp``; return
     what the reduce needs (rows, row hashes, run ids and run info), never the rows."""
     from bubblecast.dataset.store import row_hashes
     from bubblecast.telemetry.importers import timing_of
 
-    frame, meta, events, skipped = _group_features(units, format, config, skip_bad)
+    frame, meta, events, skipped = _group_features(units, format, config, skip_bad, n_jobs)
     if frame is None or meta is None or events is None:
         return {"skipped": skipped}
     hashes = row_hashes(frame)
@@ -185,7 +185,8 @@ def groups_of(units: list[Any], workers: int, most: int = MOST_RUNS) -> list[lis
 
 def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executor: Any,
                       format: str = "auto", skip_bad: bool = False,
-                      sources: list[str] | None = None) -> dict[str, Any]:
+                      sources: list[str] | None = None, n_jobs: int | None = None
+                      ) -> dict[str, Any]:
     """Build the features of ``paths`` unit by unit with ``executor`` (this process or Dask)
     into ``out``, a dataset partitioned by run; the ``dataset --json`` summary.
 
@@ -199,8 +200,10 @@ def build_partitioned(paths: list[Any], out: Any, config: DatasetConfig, executo
     remote = executor.client is not None  # workers may run elsewhere: absolute paths
     units = units_of([Path(p).absolute() if remote else p for p in paths])
     with partition_tmp(out) as tmp:
+        # threads in this process; one each on Dask's workers (a process per core already)
         results = executor.map(build_unit, groups_of(units, executor.workers), format, config,
-                               str(tmp.absolute()), skip_bad, label="features")
+                               str(tmp.absolute()), skip_bad, n_jobs if not remote else 1,
+                               label="features")
         done = [r for r in results if "runs" in r]
         skipped = [s for r in results for s in r["skipped"]]
         runs = [run for r in done for run in r["runs"]]
