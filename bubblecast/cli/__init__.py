@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 import typer
@@ -45,16 +46,99 @@ COMMAND_MODULES: tuple[str, ...] = (
     "simulate_cmd", "inspect_cmd", "whatif_cmd", "collect_cmd", "dataset_cmd", "train_cmd",
     "evaluate_cmd", "policy_cmd", "serve_cmd", "run_cmd", "demo_cmd",
 )  # fmt: skip
+#: The module of each command: running one registers (and typer builds) that command alone.
+COMMAND_OF: dict[str, str] = {
+    "simulate": "simulate_cmd", "inspect": "inspect_cmd", "whatif": "whatif_cmd",
+    "collect": "collect_cmd", "dataset": "dataset_cmd", "train": "train_cmd",
+    "evaluate": "evaluate_cmd", "policy-eval": "policy_cmd", "serve": "serve_cmd",
+    "run": "run_cmd", "demo": "demo_cmd",
+}  # fmt: skip
 
 
-def _register() -> None:
+def _register(command: str | None = None) -> None:
+    """Import the command modules (only ``command``'s when it names one), commands kept in
+    :data:`COMMAND_MODULES` order whatever was registered before."""
     import importlib
     import importlib.util
 
-    for name in COMMAND_MODULES:
+    names = (COMMAND_OF[command],) if command in COMMAND_OF else COMMAND_MODULES
+    for name in names:
         module = f"bubblecast.cli.{name}"
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
+    order = {f"bubblecast.cli.{name}": i for i, name in enumerate(COMMAND_MODULES)}
+    app.registered_commands.sort(
+        key=lambda info: order.get(getattr(info.callback, "__module__", ""), len(order)))
+
+
+#: Parameter types converted by :func:`_plain_coercion`, with pydantic's messages.
+_PLAIN_ERRORS = {int: "Input should be a valid integer, unable to parse string as an integer",
+                 float: "Input should be a valid number, unable to parse string as a number"}
+
+
+def _plain_param(descriptor: Any, base: type) -> Any:
+    """A ``RuntimeParam`` converting ``str``, ``int``, ``float``, ``bool`` and ``Path``
+    (or a list of one) the way typer's pydantic adapters do, or None to leave to typer."""
+    import typing
+    from pathlib import Path
+
+    info = descriptor.parameter_info
+    annotation = descriptor.annotation
+    item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list and len(
+        typing.get_args(annotation)) == 1 else annotation
+    plain_path = (not info.exists and info.file_okay and info.dir_okay and not info.writable
+                  and not info.resolve_path and not info.allow_dash)
+    if (item not in (str, int, float, bool, Path) or descriptor.file_annotation is not None
+            or getattr(info, "parser", None) is not None or descriptor.is_choice
+            or descriptor.is_ranged or (item is Path and not plain_path)):
+        return None
+
+    def convert(value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, item) and not (item is int and isinstance(value, bool)):
+            return value
+        try:
+            if item is bool:
+                return {"true": True, "1": True, "false": False, "0": False}[
+                    str(value).strip().lower()]
+            return item(value)
+        except (KeyError, TypeError, ValueError):
+            from typer._click.exceptions import BadParameter
+
+            message = _PLAIN_ERRORS.get(item, f"Input should be a valid {item.__name__}")
+            raise BadParameter(message, ctx=ctx, param=param) from None
+
+    class Plain(base):  # type: ignore[misc, valid-type]
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            if item is not annotation:
+                return [convert(v, param, ctx) for v in value]
+            return convert(value, param, ctx)
+
+    return Plain(parameter_info=info, annotation=annotation)
+
+
+def _plain_coercion() -> None:
+    """typer (0.2x) coerces every parameter through a pydantic ``TypeAdapter`` built when a
+    command runs: pydantic's import and an adapter per parameter, ~0.05 s a command. This
+    CLI's parameters are plain types, converted here; others (and other typer versions)
+    keep typer's own path."""
+    try:
+        from typer import core
+        from typer._coercion import RuntimeParam
+    except ImportError:
+        return
+    original = getattr(core, "build_runtime_param", None)
+    if original is None or getattr(original, "bubblecast_plain", False):
+        return
+
+    def build_runtime_param(descriptor: Any) -> Any:
+        try:
+            plain = _plain_param(descriptor, RuntimeParam)
+        except AttributeError:  # a typer whose descriptors differ: its own path
+            plain = None
+        return plain if plain is not None else original(descriptor)
+
+    build_runtime_param.bubblecast_plain = True  # type: ignore[attr-defined]
+    core.build_runtime_param = build_runtime_param
 
 
 def _exception_classes() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
@@ -80,7 +164,9 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns (and exits with) the SPEC exit code."""
-    _register()
+    args = sys.argv[1:] if argv is None else argv
+    _register(args[0] if args else None)
+    _plain_coercion()
     exits, aborts, usage_errors = _exception_classes()
     try:
         result = app(args=argv, prog_name="bubblecast", standalone_mode=False)

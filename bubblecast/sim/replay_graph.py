@@ -41,9 +41,47 @@ class StepLayout:
     joins: bool  # units are preceded by a launch-delay node
 
 
+def _codes(*keys: np.ndarray) -> np.ndarray:
+    """One dense int64 code per row of the key columns (equal rows, equal codes), column by
+    column (each step re-densified, so the codes never overflow)."""
+    code = np.zeros(len(keys[0]), dtype=np.int64)
+    for key in keys:
+        uniq, inverse = np.unique(np.asarray(key), return_inverse=True)
+        code = code * len(uniq) + inverse.reshape(-1)
+        code = np.unique(code, return_inverse=True)[1].reshape(-1)
+    return code
+
+
 def _cumcount(*keys: np.ndarray) -> np.ndarray:
-    return pd.DataFrame(dict(enumerate(keys))).groupby(list(range(len(keys))), sort=False) \
-        .cumcount().to_numpy()
+    """Occurrence number of each row among the rows with its keys, in row order (pandas'
+    groupby cumcount)."""
+    code = _codes(*keys)
+    order = np.argsort(code, kind="stable")
+    sorted_code = code[order]
+    starts = np.flatnonzero(np.r_[True, sorted_code[1:] != sorted_code[:-1]])
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(code)]))
+    out = np.empty(len(code), dtype=np.int64)
+    out[order] = np.arange(len(code)) - run_start
+    return out
+
+
+def _join(left: list[np.ndarray], right: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of an inner join on the key columns, in left order (as pandas' merge): (left row,
+    right row) pairs; by codes when the right keys are unique, else by pandas."""
+    nl = len(left[0])
+    codes = _codes(*(np.r_[a, b] for a, b in zip(left, right, strict=True)))
+    lc, rc = codes[:nl], codes[nl:]
+    order = np.argsort(rc, kind="stable")
+    rs = rc[order]
+    if len(rs) and not (rs[1:] == rs[:-1]).any():
+        at = np.minimum(np.searchsorted(rs, lc), max(len(rs) - 1, 0))
+        hit = np.flatnonzero(rs[at] == lc) if len(rs) else np.zeros(0, dtype=np.int64)
+        return hit, order[at[hit]]
+    cols = [str(i) for i in range(len(left))]
+    pairs = pd.DataFrame(dict(zip(cols, left, strict=True)) | {"_l": np.arange(nl)}).merge(
+        pd.DataFrame(dict(zip(cols, right, strict=True)) | {"_r": np.arange(len(right[0]))}),
+        on=cols)
+    return pairs["_l"].to_numpy(np.int64), pairs["_r"].to_numpy(np.int64)
 
 
 def exchange_edges(c: dict[str, np.ndarray], stages: int, pair_p2p: bool = True
@@ -57,14 +95,13 @@ def exchange_edges(c: dict[str, np.ndarray], stages: int, pair_p2p: bool = True
     sends = np.flatnonzero(np.isin(c["op"], list(_PARTNER)) & is_p2p)
     partner = np.array([_PARTNER[o][0] for o in c["op"][sends]], dtype=np.int64)
     shift = np.array([_PARTNER[o][1] for o in c["op"][sends]], dtype=np.int64)
-    key = ["replica", "tp", "stage", "op", "occ"]
-    left = pd.DataFrame({"replica": c["replica"][sends], "tp": c["tp"][sends],
-                         "stage": (c["stage"][sends] + shift) % stages, "op": partner,
-                         "occ": occ[sends], "a": sends})
+    left = [c["replica"][sends], c["tp"][sends], (c["stage"][sends] + shift) % stages, partner,
+            occ[sends]]
     recvs = np.flatnonzero(np.isin(c["op"], [_OP["RECV_F"], _OP["RECV_B"]]) & is_p2p)
-    right = pd.DataFrame({k: (occ if k == "occ" else c[k])[recvs] for k in key} | {"b": recvs})
-    pairs = left.merge(right, on=key)
-    a, b = [pairs["a"].to_numpy(np.int64)], [pairs["b"].to_numpy(np.int64)]
+    right = [c["replica"][recvs], c["tp"][recvs], c["stage"][recvs], c["op"][recvs],
+             occ[recvs]]
+    li, ri = _join(left, right)
+    a, b = [sends[li].astype(np.int64)], [recvs[ri].astype(np.int64)]
     paired = np.zeros(n, dtype=bool)
     paired[b[0]] = True
     coll = np.flatnonzero(c["group"] != "")
@@ -75,10 +112,9 @@ def exchange_edges(c: dict[str, np.ndarray], stages: int, pair_p2p: bool = True
                        [c["stage"][coll], c["replica"][coll], c["replica"][coll]], -1)
         k2 = np.select([g == "dp", g == "pp", g == "tp"],
                        [c["tp"][coll], c["tp"][coll], c["stage"][coll]], -1)
-        frame = pd.DataFrame({"kind": c["kind"][coll], "occ": occ_c, "k1": k1, "k2": k2,
-                              "col": cols[coll]})
-        first = frame.groupby(["kind", "occ", "k1", "k2"], sort=False)["col"].transform("first")
-        a.append(first.to_numpy(np.int64))
+        code = _codes(c["kind"][coll], occ_c, k1, k2)
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        a.append(cols[coll][first[inverse.reshape(-1)]].astype(np.int64))
         b.append(cols[coll])
     return np.concatenate(a), np.concatenate(b), paired
 
@@ -105,7 +141,8 @@ def components(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
     size = np.bincount(parent, minlength=n)
     big = size[parent] > 1
     comp = np.full(n, -1, dtype=np.int64)
-    comp[big] = pd.factorize(parent[big])[0]
+    _, first, inverse = np.unique(parent[big], return_index=True, return_inverse=True)
+    comp[big] = np.argsort(np.argsort(first))[inverse.reshape(-1)]  # in order of appearance
     return comp
 
 
@@ -113,11 +150,11 @@ def compute_deps(c: dict[str, np.ndarray], stages: int) -> tuple[np.ndarray, np.
     """F after the previous virtual stage's F, B after the next one's B (same microbatch)."""
     fb = np.flatnonzero(np.isin(c["op"], [_OP["F"], _OP["B"]]) & (c["mb"] >= 0))
     vstage = c["vstage"][fb]
-    frame = pd.DataFrame({"replica": c["replica"][fb], "tp": c["tp"][fb], "v": vstage,
-                          "mb": c["mb"][fb], "op": c["op"][fb], "col": fb})
-    want = frame.assign(v=np.where(frame["op"] == _OP["F"], vstage - 1, vstage + 1))
-    pairs = want.merge(frame, on=["replica", "tp", "v", "mb", "op"], suffixes=("_dst", "_src"))
-    return pairs["col_src"].to_numpy(np.int64), pairs["col_dst"].to_numpy(np.int64)
+    op = c["op"][fb]
+    keys = [c["replica"][fb], c["tp"][fb], vstage, c["mb"][fb], op]
+    want = keys[:2] + [np.where(op == _OP["F"], vstage - 1, vstage + 1)] + keys[3:]
+    dst, src = _join(want, keys)
+    return fb[src].astype(np.int64), fb[dst].astype(np.int64)
 
 
 def build_layout(c: dict[str, np.ndarray], stages: int, joins: bool,

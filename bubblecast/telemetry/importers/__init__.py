@@ -49,7 +49,6 @@ def detect_format(path: str | Path) -> str:
         raise BubblecastError(f"{p}: no such file or directory")
     if p.is_dir():
         return _detect_dir(p)
-    from bubblecast.telemetry.importers import logs, megatron_timeline
     from bubblecast.telemetry.importers.kineto_io import read_prefix
 
     head = read_prefix(p, 4)
@@ -69,8 +68,13 @@ def detect_format(path: str | Path) -> str:
             return "megatron-ops"
         raise BubblecastError(f"{p}: cannot detect the format: columns {names[:8]} match none "
                               f"({_TRIED})")
+    # the readers of the other formats load only when the file is one of them
     if head.lstrip()[:1] in (b"{", b"[") or p.suffix in (".gz", ".json"):
+        from bubblecast.telemetry.importers import megatron_timeline
+
         return "megatron-timeline" if megatron_timeline.looks_like(p) else "kineto"
+    from bubblecast.telemetry.importers import logs
+
     fmt = logs.detect_log(p)
     if fmt is None:
         raise BubblecastError(f"{p}: cannot detect the format: not Parquet, trace JSON or a "

@@ -68,7 +68,9 @@ def read_megatron(path: str | Path) -> Events:
     """Read a Megatron-LM ops trace into validated :class:`Events`."""
     path = Path(path)
     try:
-        raw = pq.read_table(path, page_checksum_verification=True).to_pandas()
+        # ParquetFile, not read_table: one file needs no pyarrow.dataset (an import per command)
+        with pq.ParquetFile(path, page_checksum_verification=True) as file:
+            raw = file.read().to_pandas()
     except Exception as exc:
         raise BubblecastError(f"{path}: not a readable Parquet file ({exc})") from None
     for col in COLUMNS:

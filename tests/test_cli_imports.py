@@ -1,0 +1,63 @@
+"""A CLI that starts fast: each analysis command, run in a fresh interpreter, imports only what
+it uses (issue 26 item 2). The modules are listed from ``sys.modules`` after the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "data" / "megatron-ops" / "trace-ST.parquet"
+#: Heavy packages no analysis command needs (pydantic: typer's adapters, which the CLI's
+#: plain parameter conversion replaces; scipy comes with scikit-learn).
+FORBIDDEN = ("mlflow", "torch", "lightgbm", "sklearn", "scipy", "matplotlib", "fastapi",
+             "starlette", "uvicorn", "dask", "distributed", "pydantic")
+
+_RUN = """
+import json, sys
+from bubblecast.cli import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+print("\\n" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def modules_of(*argv: str) -> set[str]:
+    """Top-level packages imported by ``bubblecast ARGV`` in a new interpreter (exit 0)."""
+    done = subprocess.run([sys.executable, "-c", _RUN, *argv], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, done.stderr[-2000:]
+    return {name.split(".")[0] for name in result["modules"]}
+
+
+@pytest.mark.parametrize("argv", [
+    ["inspect", str(TRACE), "--json"],
+    ["inspect", str(TRACE)],
+    ["whatif", str(TRACE), "--json"],
+    ["simulate", "--schedule", "1f1b", "--stages", "4", "--microbatches", "4", "--steps", "3",
+     "--json", "--out", "{tmp}/sim.parquet"],
+], ids=["inspect-json", "inspect", "whatif", "simulate"])
+def test_analysis_commands_import_no_heavy_package(argv, tmp_path):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    found = modules_of(*argv) & set(FORBIDDEN)
+    assert not found, f"bubblecast {argv[0]} imported {sorted(found)}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"], ["whatif", "--help"]])
+def test_help_imports_no_pandas(argv):
+    """No frame, no pandas: the help answers from typer alone."""
+    found = modules_of(*argv) & {"pandas", "pyarrow", *FORBIDDEN}
+    assert not found, f"bubblecast {' '.join(argv)} imported {sorted(found)}"
+
+
+def test_inspect_with_plot_loads_matplotlib_only_then(tmp_path):
+    """The one analysis option that needs a heavy package loads it (and nothing else heavy)."""
+    found = modules_of("inspect", str(TRACE), "--json", "--plot", str(tmp_path / "p.png"))
+    assert "matplotlib" in found
+    assert not found & (set(FORBIDDEN) - {"matplotlib"})
