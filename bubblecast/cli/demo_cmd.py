@@ -31,7 +31,7 @@ def demo(
     from rich.console import Console
     from rich.markup import escape
 
-    from bubblecast.demo import preset, run_demo
+    from bubblecast.app.demo import preset, run_demo
 
     overrides: dict[str, object] = {"seed": seed}
     if no_live:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import bubblecast.demo as demo_module
+import bubblecast.app.demo as demo_module
+from bubblecast.app.demo import STAGES, preset, run_demo
+from bubblecast.app.demo_report import figures
 from bubblecast.cli import main
-from bubblecast.demo import STAGES, preset, run_demo
-from bubblecast.demo_report import figures
 from tests.helpers import all_finite
 
 NAMES = [name for name, _, _ in STAGES]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bubblecast.demo import EXPERIMENT, MODEL_NAME, preset, run_demo
+from bubblecast.app.demo import EXPERIMENT, MODEL_NAME, preset, run_demo
 
 pytestmark = pytest.mark.slow
 

@@ -7,16 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from bubblecast.demo import DemoConfig, _prepare, preset
-from bubblecast.demo_report import dumps, ideal_speedup, render, slowed_steps
+from bubblecast.app.demo import DemoConfig, _prepare, preset
+from bubblecast.app.demo_report import dumps, ideal_speedup, render, slowed_steps
 from bubblecast.errors import BubblecastError
+from bubblecast.telemetry.jsonclean import plain
 
 
 def test_dumps_is_strict_json():
     import numpy as np
 
-    text = dumps({"a": float("nan"), "b": np.float64(1.5), "c": [np.int32(2), float("inf")]})
-    assert json.loads(text) == {"a": None, "b": 1.5, "c": [2, None]}
+    value = {"a": float("nan"), "b": np.float64(1.5), "c": [np.int32(2), float("inf")]}
+    assert json.loads(dumps(value)) == {"a": None, "b": 1.5, "c": [2, None]} == plain(value)
 
 
 @pytest.mark.parametrize("change", [

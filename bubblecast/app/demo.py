@@ -4,7 +4,7 @@ Stages in order, each a function writing into ``<out>/<stage>/`` and returning i
 record: simulate a scenario suite, build the dataset, train LightGBM and the GRU (registered in
 the SQLite MLflow store ``<out>/mlflow.db``), evaluate them and the policies on held-out runs,
 analyse the real Megatron-LM trace, run the live closed loop; then ``report.md`` and
-``demo.json`` (:mod:`bubblecast.demo_report`), written last (the previous ones are removed
+``demo.json`` (:mod:`bubblecast.app.demo_report`), written last (the previous ones are removed
 first). Every number follows from :class:`DemoConfig` and its seed.
 """
 
@@ -144,7 +144,7 @@ class Demo:
 def simulate(demo: Demo) -> dict[str, Any]:
     """Simulate the training and held-out suites (``forecast.suite``, other seeds)."""
     from bubblecast import write_events
-    from bubblecast.demo_report import plot_scenarios
+    from bubblecast.app.demo_report import plot_scenarios
     from bubblecast.forecast.suite import SuiteConfig, suite_events
     from bubblecast.sim.accounting import bubble_fraction, rank_step_table
 
@@ -166,7 +166,7 @@ def simulate(demo: Demo) -> dict[str, Any]:
             "scenarios": {s: {"runs": len(v), "bubble_fraction": float(np.mean(list(v.values())))}
                           for s, v in fractions.items()},
             "files": [f"simulate/{s}.parquet" for s in SPLITS],
-            "figures": {"simulate/scenarios.png": "bubblecast.demo_report.plot_scenarios"}}
+            "figures": {"simulate/scenarios.png": "bubblecast.app.demo_report.plot_scenarios"}}
 
 
 def dataset(demo: Demo) -> dict[str, Any]:
@@ -230,7 +230,7 @@ def champion_dir(demo: Demo) -> Path:
 def forecast_eval(demo: Demo) -> dict[str, Any]:
     """Score both models (from the registry when tracked) and the baselines on the held-out
     suite as ``bubblecast evaluate`` does (per horizon and scenario, plots, logged)."""
-    from bubblecast.demo_report import plot_skill
+    from bubblecast.app.demo_report import plot_skill
     from bubblecast.forecast.evaluation_run import run_evaluation
 
     c, models = demo.config, demo.records["train"]["models"]
@@ -244,7 +244,7 @@ def forecast_eval(demo: Demo) -> dict[str, Any]:
     plot_skill(table, result.models, list(result.baselines), folder / "skill.png")
     mine = table[table["model"].isin(learnt)].sort_values(["model", "horizon"])
     columns = ["model", "horizon", "n", "mae", "coverage_80", "skill", "best_baseline"]
-    figures = {"forecast_eval/skill.png": "bubblecast.demo_report.plot_skill", **{
+    figures = {"forecast_eval/skill.png": "bubblecast.app.demo_report.plot_skill", **{
         f"forecast_eval/forecasts/{m}.png": "`bubblecast evaluate --plot`" for m in learnt}}
     return {"models": dict(zip(learnt, refs, strict=False)), "baseline": result.baseline,
             "table": mine.loc[mine["scenario"] == "all", columns].to_dict("records"),
@@ -259,7 +259,7 @@ def policy_eval(demo: Demo) -> dict[str, Any]:
     """Replay the held-out runs under each policy (``evaluate_policies``, what ``bubblecast
     policy-eval`` runs); the predictive policy forecasts with the champion model."""
     from bubblecast import evaluate_policies
-    from bubblecast.demo_report import dumps
+    from bubblecast.app.demo_report import dumps
     from bubblecast.telemetry.io import atomic_write_text
 
     names = list(demo.config.policies)
@@ -280,7 +280,7 @@ def megatron(demo: Demo) -> dict[str, Any]:
     """Bubble accounting and what-ifs of the real Megatron-LM trace (``BubbleAnalysis``, what
     ``bubblecast inspect`` / ``whatif`` run)."""
     from bubblecast import BubbleAnalysis
-    from bubblecast.demo_report import dumps, reference
+    from bubblecast.app.demo_report import dumps, reference
     from bubblecast.telemetry.io import atomic_write_text
 
     trace = Path(demo.config.megatron) if demo.config.megatron else None
@@ -303,7 +303,7 @@ def live(demo: Demo) -> dict[str, Any]:
     """The 2-process CPU pipeline under the emulated slowdown, once per live policy, closed
     loop (what ``bubblecast run --policy`` does): step times, throughput while slowed,
     actions, control overhead; the predictive policy forecasts with the champion."""
-    from bubblecast.demo_report import ideal_speedup, plot_live, slowed_steps
+    from bubblecast.app.demo_report import ideal_speedup, plot_live, slowed_steps
     from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.control.config import ControllerConfig
     from bubblecast.runtime.control.job import launch_controlled, write_actions
@@ -340,7 +340,7 @@ def live(demo: Demo) -> dict[str, Any]:
             "inject": c.live_inject, "layers": c.live_layers, "stages": LIVE_STAGES,
             "ideal_speedup": ideal_speedup(c),
             "model": str(champion_dir(demo)) if "predictive" in runs else None,
-            "figures": {"live/live.png": "bubblecast.demo_report.plot_live"}}
+            "figures": {"live/live.png": "bubblecast.app.demo_report.plot_live"}}
 
 
 #: (name, title, function) in the order they run.
@@ -376,7 +376,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, say: Callable[[str], None] 
              command: str | None = None) -> dict[str, Any]:
     """Run every stage into ``out``, then write ``report.md`` and ``demo.json``; returns the
     ``demo.json`` object. ``say`` gets one line per finished stage."""
-    from bubblecast.demo_report import dumps, next_steps, write_report
+    from bubblecast.app.demo_report import dumps, next_steps, write_report
     from bubblecast.telemetry.io import atomic_write_text
 
     demo = Demo(config, Path(out).resolve())

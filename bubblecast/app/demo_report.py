@@ -3,7 +3,7 @@
 Every number and figure in the report comes from the stage records of the run that writes it;
 nothing is hard-coded. The closing section lists every figure with the command or function
 that produced it. matplotlib is imported lazily (Agg backend); files are written atomically.
-This module never imports :mod:`bubblecast.demo` (the report reads the demo's JSON only).
+This module never imports :mod:`bubblecast.app.demo` (the report reads the demo's JSON only).
 """
 
 from __future__ import annotations
