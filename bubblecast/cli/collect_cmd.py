@@ -36,6 +36,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "layers": (int, typer.Option(8, "--layers", help="Layers of the model.")),
     "stages": (int, typer.Option(2, "--stages", help="Pipeline stages (one process each).")),
+    "replicas": (int, typer.Option(1, "--replicas",
+                                   help="Data-parallel pipeline copies (replicas x stages "
+                                        "processes; gradients all-reduced).")),
     "microbatches": (int, typer.Option(4, "--microbatches", help="Micro-batches per step.")),
     "steps": (int, typer.Option(50, "--steps", help="Optimizer steps to run.")),
     "schedule": (str, typer.Option("1f1b", "--schedule",
@@ -56,7 +59,12 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "batch_size": (int | None, typer.Option(None, "--batch-size",
                                             help="Samples per step (default 4 x micro-batches).")),
     "hidden": (int, typer.Option(64, "--hidden", help="Hidden width.")),
-    "seq_len": (int, typer.Option(32, "--seq-len", help="Sequence length (gpt).")),
+    "seq_len": (int | None, typer.Option(
+        None, "--seq-len", help="Sequence length (gpt; default 32), or the token budget of a "
+        "packed micro-batch (packed; default 512).")),
+    "documents": (str | None, typer.Option(
+        None, "--documents", help="Packed model: the document lengths, a preset (lognormal, "
+        "long-tail) or a JSON file of lengths (default lognormal).")),
     "vocab": (int, typer.Option(256, "--vocab", help="Vocabulary size (gpt).")),
     "heads": (int, typer.Option(4, "--heads", help="Attention heads (gpt).")),
     "dtype": (str, typer.Option("float32", "--dtype", help="float32 or float64.")),
@@ -87,9 +95,11 @@ TRAIN_OPTIONS: dict[str, tuple[Any, Any]] = {
         None, "--rdzv-id", help="Rendezvous id, the same on every node (default: the run id).")),
     "json_out": (bool, typer.Option(False, "--json", help="Print one JSON object.")),
 }
-_MODEL_FIELDS = ("layers", "hidden", "seq_len", "vocab", "heads", "dtype")
+_MODEL_FIELDS = ("layers", "hidden", "vocab", "heads", "dtype")
 _TRAIN_FIELDS = ("stages", "microbatches", "schedule", "chunks", "steps", "seed", "optimizer",
-                 "lr", "inject", "flush_every", "layer_cost_every")
+                 "lr", "inject", "flush_every", "layer_cost_every", "replicas", "documents")
+#: ``--seq-len`` when not given: the GPT's sequence, the packed model's token budget.
+DEFAULT_SEQ_LEN = {"packed": 512}
 
 
 def with_train_options(**help_text: str) -> Callable[[F], F]:
@@ -114,31 +124,45 @@ def with_train_options(**help_text: str) -> Callable[[F], F]:
     return decorate
 
 
-def train_config(out: Path, model: str, options: Mapping[str, Any]) -> TrainConfig:
+def train_config(out: Path, model: str, options: Mapping[str, Any],
+                 **more: Any) -> TrainConfig:
     """The validated :class:`TrainConfig` of the events file ``out``, the example ``model``
-    (``--model`` in ``collect``, ``--arch`` in ``run``) and the :data:`TRAIN_OPTIONS` values."""
+    (``--model`` in ``collect``, ``--arch`` in ``run``) and the :data:`TRAIN_OPTIONS` values;
+    ``more``: further config fields (``run``'s planner and cost model)."""
     from bubblecast.runtime.config import ModelSpec, TrainConfig
 
-    spec = ModelSpec(kind=model, **{name: options[name] for name in _MODEL_FIELDS})
+    seq_len = options["seq_len"] if options["seq_len"] is not None else \
+        DEFAULT_SEQ_LEN.get(model, 32)
+    spec = ModelSpec(kind=model, seq_len=seq_len,
+                     **{name: options[name] for name in _MODEL_FIELDS})
     parts = parse_int_list(options["partition"], "--partition")
     batch_size, profile = options["batch_size"], options["profile"]
     return TrainConfig(
         model=spec, **{name: options[name] for name in _TRAIN_FIELDS},
         partition=tuple(parts) if parts else None,
-        batch_size=batch_size if batch_size is not None else 4 * max(options["microbatches"], 1),
+        batch_size=batch_size if batch_size is not None else
+        4 * max(options["microbatches"], 1) * max(options["replicas"], 1),
         run_id=options["run_id"] or out.stem or "run",
-        profile_dir=str(profile) if profile else None)
+        profile_dir=str(profile) if profile else None, **more)
 
 
 def node_options(config: TrainConfig, options: Mapping[str, Any]) -> Nodes:
-    """The validated ``--nnodes/--rdzv-endpoint/--rdzv-id`` (one node by default)."""
-    from bubblecast.runtime.launch import Nodes
+    """The validated ``--nnodes/--rdzv-endpoint/--rdzv-id`` (one node by default); refuses
+    ranks that do not split over the nodes or that the machine cannot start, and what
+    replicated or packed runs do not support (scripted actions, checkpoints)."""
+    from bubblecast.runtime.launch import Nodes, check_machine
 
     nodes = Nodes(options["nnodes"], options["rdzv_endpoint"], options["rdzv_id"])
-    nodes.nproc(config.stages)  # refuses stages that do not split over the nodes
+    check_machine(config, nodes)
     if nodes.multi and (options["checkpoint_dir"] or options["resume"]):
         raise BubblecastError("--checkpoint-dir: checkpoints are not supported with --nnodes "
                               "> 1")
+    fixed = config.replicas > 1 or config.model.packed
+    what = f"--replicas {config.replicas}" if config.replicas > 1 else "--model packed"
+    if fixed and options["action"]:
+        raise BubblecastError(f"--action: {what} runs keep their plan (no scripted actions)")
+    if fixed and (options["checkpoint_dir"] or options["resume"]):
+        raise BubblecastError(f"--checkpoint-dir: checkpoints are not supported with {what}")
     return nodes
 
 
@@ -221,7 +245,11 @@ def collect(
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "actions": summary["actions"], "emulated_slowdown": config.inject,
         "first_step": summary["first_step"], "losses": summary["losses"],
+        "replicas": config.replicas,
     }
+    if config.model.packed:
+        result.update(documents=config.documents or "lognormal", planner=summary["planner"],
+                      documents_trained=summary["documents_trained"], counts=summary["counts"])
     if options["json_out"]:
         emit_json(result)
         return

@@ -77,12 +77,13 @@ class Nodes:
     def multi(self) -> bool:
         return self.nnodes > 1
 
-    def nproc(self, stages: int) -> int:
-        """Processes per node for ``stages`` ranks; BubblecastError unless they divide."""
-        if stages % self.nnodes:
-            raise BubblecastError(f"--nnodes: {stages} stages do not split over {self.nnodes} "
-                                  f"nodes (one process per stage)")
-        return stages // self.nnodes
+    def nproc(self, ranks: int) -> int:
+        """Processes per node for ``ranks`` ranks (stages x replicas); BubblecastError unless
+        they divide."""
+        if ranks % self.nnodes:
+            raise BubblecastError(f"--nnodes: {ranks} ranks do not split over {self.nnodes} "
+                                  f"nodes (one process per stage of each replica)")
+        return ranks // self.nnodes
 
     def torchrun_args(self, nproc: int, run_id: str) -> list[str]:
         """torchrun's placement arguments."""
@@ -106,6 +107,28 @@ def on_nodes(nodes: Nodes) -> Iterator[None]:
         yield
     finally:
         _NODES.reset(token)
+
+
+#: Most ranks a job starts per CPU core of a node (tiny CPU models oversubscribe well up to
+#: about this; beyond it the ranks only thrash, and gloo's timeouts fire).
+RANKS_PER_CORE = 4
+
+
+def check_machine(config: TrainConfig, nodes: Nodes | None = None,
+                  cores: int | None = None) -> int:
+    """The processes per node of ``config`` (``replicas x stages`` ranks over the nodes), or
+    BubblecastError naming the numbers when this machine cannot start them: more than
+    :data:`RANKS_PER_CORE` per CPU core (``cores``: default ``os.cpu_count()``)."""
+    nodes = nodes or Nodes()
+    per_node = nodes.nproc(config.ranks)
+    cores = cores or os.cpu_count() or 1
+    if per_node > RANKS_PER_CORE * cores:
+        what = f"--replicas {config.replicas} x --stages {config.stages} = {config.ranks} ranks"
+        where = "" if not nodes.multi else f" ({per_node} per node over {nodes.nnodes} nodes)"
+        raise BubblecastError(f"{what}{where}: this machine has {cores} CPU cores, it starts "
+                              f"at most {RANKS_PER_CORE * cores} ranks ({RANKS_PER_CORE} per "
+                              "core); use fewer replicas or stages")
+    return per_node
 
 
 def torchrun_command(job_dir: str | Path, nproc: int, script: str | None = None,
@@ -221,7 +244,7 @@ def run_out_job(out: str | Path, config: TrainConfig, *,
     from bubblecast.runtime.jobdir import JobDir
 
     nodes = nodes or _NODES.get() or Nodes()
-    nproc = nodes.nproc(config.stages)
+    nproc = check_machine(config, nodes)
     if nodes.multi and checkpoints is not None:
         raise BubblecastError("--checkpoint-dir: checkpoints are not supported with --nnodes > 1")
     resume, start, at = (checkpoints.resolve(asdict(config.model), config.steps)

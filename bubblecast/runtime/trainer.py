@@ -186,6 +186,10 @@ class Trainer:
         self.calendar: dict[str, int] = {}
         self.recorder = self.recording.recorder
         self.origin_wall = self.recording.origin_wall
+        if self.packed is not None and config.planner != "static":  # planned live
+            from bubblecast.runtime.live_plan import LivePlanner
+
+            self.packed.planner = LivePlanner(self, config.planner, config.cost_model)
 
     # -- construction -------------------------------------------------------------------
     def new_optimizer(self, layers: dict[int, nn.Module]) -> torch.optim.Optimizer:

@@ -74,7 +74,7 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
     init_distributed(config.backend)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(config, resume=job.get("resume"), origin_wall=job.get("origin_wall"))
-    if trainer.rank == 0:  # a resumed attempt puts its events on this clock too
+    if trainer.is_lead:  # a resumed attempt puts its events on this clock too
         (job_dir / "origin.json").write_text(json.dumps({"origin_wall": trainer.origin_wall}))
     hook = make_hook(trainer, job) if make_hook is not None else None
     actions: dict[int, list[dict[str, Any]]] = {}
@@ -82,10 +82,10 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
         actions.setdefault(int(item["step"]), []).append(item["action"])
     checkpoints = {int(k): v for k, v in job.get("checkpoint_at", {}).items()}
     trainer.calendar.update(checkpoint_calendar(checkpoints))
-    show = bool(job.get("progress")) and trainer.rank == 0
+    show = bool(job.get("progress")) and trainer.is_lead
     start = trainer.step
     end = int(job["until"]) if job.get("until") is not None else start + config.steps
-    prof = profiler(config, trainer.rank) if config.profile_dir else nullcontext()
+    prof = profiler(config, trainer.global_rank) if config.profile_dir else nullcontext()
     t0 = time.perf_counter()
     with prof:
         while trainer.step < end:
@@ -111,15 +111,29 @@ def run_job(job_dir: Path, job: dict[str, Any], make_hook: HookFactory | None = 
         trainer.save_checkpoint(checkpoints[end])
     losses = trainer.gather_losses()
     rows = trainer.close(out=job.get("out"))
-    if trainer.rank == 0:
+    if trainer.is_lead:
         ran = max(end - start, 1)
         summary = {"rows": rows, "wall_s": wall, "steps": ran, "first_step": start,
                    "step_time_s": wall / ran, "losses": losses,
                    "actions": trainer.actions, "partition": list(trainer.plan.partition),
                    "schedule": trainer.plan.schedule, "microbatches": trainer.plan.microbatches,
-                   **extra}
+                   "replicas": config.replicas, **packed_summary(trainer), **extra}
         (job_dir / "summary.json").write_text(json.dumps(summary, default=float))
     dist.destroy_process_group()
+
+
+def packed_summary(trainer: Any) -> dict[str, Any]:
+    """The packed model's summary entries: each step's micro-batches per replica and the
+    documents trained (empty for the other models)."""
+    packed = trainer.packed
+    if packed is None:
+        return {}
+    counts = {str(k): v for k, v in sorted(packed.counts.items())}
+    docs = sum(len(packed.loader.lengths(k)) for k in packed.counts)
+    planner = packed.planner
+    return {"counts": counts, "documents_trained": docs, "planner": trainer.config.planner,
+            "decisions": list(planner.decisions) if planner is not None else [],
+            "tokens_trained": sum(int(packed.loader.lengths(k).sum()) for k in packed.counts)}
 
 
 def profiler(config: TrainConfig, rank: int) -> Any:
