@@ -42,9 +42,10 @@ def evaluate(
     from bubblecast.errors import BubblecastError
     from bubblecast.forecast.cost_model import CostModel
     from bubblecast.forecast.cost_modeldir import load_any_model
-    from bubblecast.forecast.evaluation_run import run_evaluation
+    from bubblecast.forecast.evaluation_run import check_fleet_options, run_evaluation
     from bubblecast.telemetry.cluster import note_skipped
 
+    check_fleet_options(cluster, skip_bad_runs)
     with progress_notes(not json_out) as note:
         loaded = []
         for ref in model:

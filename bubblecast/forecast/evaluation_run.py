@@ -21,6 +21,13 @@ from bubblecast.forecast.modeldir import COST_KIND, load_model
 from bubblecast.telemetry.events import Events
 
 
+def check_fleet_options(cluster: str | None, skip_bad: bool) -> None:
+    """``--skip-bad-runs`` and ``--cluster`` exclude each other for ``evaluate``: one-line
+    BubblecastError (checked before any model is loaded)."""
+    if skip_bad and cluster is not None:
+        raise BubblecastError("--skip-bad-runs: not with --cluster for evaluate (drop one)")
+
+
 def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed: int = 0,
                    track: bool = True, tracking_uri: str | None = None,
                    plot_dir: str | os.PathLike[str] | None = None,
@@ -33,8 +40,7 @@ def run_evaluation(features: str | os.PathLike[str], model_refs: list[str], seed
     naming its run and file, or with ``skip_bad`` (not with ``cluster``) its run is left out
     and listed in the result's ``skipped_runs``."""
     note = progress or (lambda _msg: None)
-    if skip_bad and cluster is not None:
-        raise BubblecastError("--skip-bad-runs: not with --cluster for evaluate (drop one)")
+    check_fleet_options(cluster, skip_bad)
     note(f"reading {features}")
     frame, meta, skipped = read_features_skipping(features, skip_bad)
     if loaded is None:

@@ -12,7 +12,7 @@ estimators keep theirs: :meth:`Policy.get_params`); the evaluation builds the po
 :mod:`bubblecast.policy.policies` from it for every run, or on packed-document runs those of
 :mod:`bubblecast.policy.work_policies` (``static``, ``tokens``, ``balance``, ``oracle``)::
 
-    result = evaluate_policies(["data/sim/documents-lognormal.parquet"],
+    result = evaluate_policies(["data/documents/lognormal.parquet"],
                                policies=["static", "tokens", Policy.balance(), "oracle"])
 """
 

@@ -17,8 +17,8 @@ from bubblecast.sim.simulator import SimConfig, simulate_events
 from bubblecast.telemetry import read_events, write_events
 from bubblecast.telemetry.events import Events
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "sim"
-SAMPLES = [DATA / "documents-lognormal.parquet", DATA / "documents-longtail.parquet"]
+DATA = Path(__file__).resolve().parents[2] / "data" / "documents"
+SAMPLES = [DATA / "lognormal.parquet", DATA / "longtail.parquet"]
 POLICIES = "static,tokens,balance,oracle"
 
 
@@ -86,8 +86,8 @@ def test_whatif_balanced_work_on_a_document_run(capsys):
 
 
 def test_whatif_balanced_work_is_null_without_tokens_sq(capsys):
-    doc = _json(capsys, ["whatif", str(DATA / "jitter.parquet"), "--run",
-                         read_events(DATA / "jitter.parquet").run_ids[0], "--json"])
+    doc = _json(capsys, ["whatif", str(DATA.parent / "sim" / "jitter.parquet"), "--run",
+                         read_events(DATA.parent / "sim" / "jitter.parquet").run_ids[0], "--json"])
     assert doc["scenarios"]["balanced_work"] is None
     assert doc["balanced_work_note"] == NO_TOKENS_SQ
     assert doc["scenarios"]["ideal"]["speedup"] > 0  # the other scenarios are unchanged

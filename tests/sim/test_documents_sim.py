@@ -278,24 +278,24 @@ def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, extra, content
     assert not out.exists() and not list(tmp_path.glob("out*"))
 
 
-# ---- committed sample data (data/sim, made by the commands in data/README.md) --------------
+# ---- committed sample data (data/documents, made by the commands in data/README.md) --------------
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @pytest.mark.parametrize(("name", "preset", "seed"), [
-    ("documents-lognormal", "lognormal", 21), ("documents-longtail", "long-tail", 22),
+    ("lognormal", "lognormal", 21), ("longtail", "long-tail", 22),
 ])
 def test_committed_document_runs_are_what_their_command_makes(tmp_path, name, preset, seed):
     readme = (DATA / "README.md").read_text()
     args = ["simulate", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8",
             "--replicas", "4", "--model", "uniform:16", "--steps", "44", "--documents", preset,
             "--attention-share", "0.5", "--scenario", "slow-replica", "--seed", str(seed),
-            "--runs", "2", "--run-id", name, "--out"]
-    assert f"`bubblecast {' '.join(args)} data/sim/{name}.parquet`" in readme
+            "--runs", "2", "--run-id", f"documents-{name}", "--out"]
+    assert f"`bubblecast {' '.join(args)} data/documents/{name}.parquet`" in readme
     out = tmp_path / f"{name}.parquet"
     assert main([*args, str(out)]) == 0
-    committed, again = read_events(DATA / "sim" / f"{name}.parquet"), read_events(out)
+    committed, again = read_events(DATA / "documents" / f"{name}.parquet"), read_events(out)
     pd.testing.assert_frame_equal(committed.frame, again.frame)
     assert {r: m.extra for r, m in committed.runs.items()} == \
         {r: m.extra for r, m in again.runs.items()}
@@ -306,6 +306,6 @@ def test_committed_document_runs_are_what_their_command_makes(tmp_path, name, pr
 
 
 def test_committed_lengths_file_loads():
-    source = load_documents(str(DATA / "sim" / "document-lengths.json"), 4096)
+    source = load_documents(str(DATA / "documents" / "lengths.json"), 4096)
     assert len(source.lengths) == 500 and max(source.lengths) <= 4096
     assert min(source.lengths) >= 16 and max(source.lengths) >= 2048
