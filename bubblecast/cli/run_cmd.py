@@ -6,10 +6,16 @@ policy, the forecaster (``--model`` in process or ``--service``) and the decisio
 names the forecaster as everywhere else (``serve``, ``policy-eval``).
 Writes the events file and an actions JSON (every decision, NoOps included, and every action
 applied), both atomically.
+
+The packed model (``--arch packed``) and replicated pipelines (``--replicas D``) move no
+layers: their policies plan each step's documents instead (``static``: the data loader's
+order; ``tokens``; ``balance`` with the cost model ``--model DIR`` and the replicas' forecast
+speeds), on a data-loader thread, one Decision per step (:mod:`bubblecast.runtime.live_plan`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +40,10 @@ if TYPE_CHECKING:
 #: What ``--service`` is asked through, injected into the runtime by import path (runtime never
 #: imports serve): the workers import it.
 SERVICE_DECIDER = "bubblecast.serve.decider:ServiceDecider"
+
+
+#: Policies that plan the packed model's documents every step (no layer moved).
+WORK_POLICIES = ("tokens", "balance")
 
 
 def default_actions_path(out: Path) -> Path:
@@ -69,7 +79,10 @@ def run(
                                   "names the forecaster)."),
     **options: Any,
 ) -> None:
-    """Train a pipeline here with a policy repartitioning it live; write events and actions."""
+    """Train a pipeline here with a policy acting live; write events and actions."""
+    if policy in WORK_POLICIES or arch == "packed" or options["replicas"] > 1:
+        _run_planned(out, policy, model_uri, service, arch, actions_file, options)
+        return
     from bubblecast.runtime.control.config import ControllerConfig, check_controllable
     from bubblecast.runtime.control.job import launch_controlled, write_actions
 
@@ -126,6 +139,93 @@ def run(
                f"{1e3 * result['mean_step_s']:.2f} ms/step, "
                f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
                f"action(s), partition {result['initial_partition']} -> {result['partition']}")
+
+
+def _check_planned(policy: str, model_uri: str | None, service: str | None, arch: str) -> None:
+    """Refuse (one line) what a planned run cannot do, before anything starts."""
+    if policy not in ("static", *WORK_POLICIES):
+        raise BubblecastError(f"--policy {policy}: moves layers; packed-document and replicated "
+                              f"runs plan each step's documents instead (static, "
+                              f"{', '.join(WORK_POLICIES)})")
+    if policy in WORK_POLICIES and arch != "packed":
+        raise BubblecastError(f"--policy {policy}: plans packed documents; needs --arch packed, "
+                              f"got '{arch}'")
+    if service is not None:
+        raise BubblecastError("--service: packed-document and replicated runs plan in process")
+    if policy == "balance" and model_uri is None:
+        raise BubblecastError("--policy balance: needs --model DIR, a cost model (`bubblecast "
+                              "train EVENTS --model cost`) of an earlier collect")
+    if policy != "balance" and model_uri is not None:
+        raise BubblecastError(f"--model: only --policy balance reads a model here (a cost "
+                              f"model); --policy {policy} plans without one")
+
+
+def _run_planned(out: Path, policy: str, model_uri: str | None, service: str | None,
+                 arch: str, actions_file: Path | None, options: dict[str, Any]) -> None:
+    """``run`` of the packed model or replicated pipelines: every step planned live."""
+    from bubblecast.runtime.jobdir import TrainingFailed
+    from bubblecast.runtime.launch import run_out_job
+    from bubblecast.telemetry.io import atomic_write_text
+
+    _check_planned(policy, model_uri, service, arch)
+    source = model_uri
+    if model_uri is not None:
+        from bubblecast.policy.plan_api import load_cost
+
+        load_cost(model_uri)  # refuses a forecaster, a model without tokens_sq, in one line
+        if not model_uri.startswith(("models:/", "runs:/")):
+            source = str(Path(model_uri).resolve())
+    config = train_config(out, arch, options, planner=policy if arch == "packed" else "static",
+                          cost_model=source)
+    checkpoints = checkpoint_options(options)
+    nodes = node_options(config, options)
+    actions_path = _output_paths(out, actions_file)
+    try:
+        summary = _launch_with_progress(config, lambda update: run_out_job(
+            out, config, checkpoints=checkpoints, on_progress=update, nodes=nodes))
+    except TrainingFailed as exc:
+        raise training_failed(exc) from None
+    decisions = summary.get("decisions", [])
+    doc = {"run_id": config.run_id, "policy": policy, "cost_model": model_uri,
+           "decisions": decisions, "applied": [], "final_partition": summary["partition"]}
+    atomic_write_text(actions_path, json.dumps(doc, indent=1, default=float))
+    result = planned_result(out, actions_path, policy, model_uri, config, summary)
+    if options["json_out"]:
+        emit_json(result)
+        return
+    typer.echo(f"wrote {out} and {actions_path}: {config.steps} steps x {config.replicas} "
+               f"replica(s) x {config.stages} stages ({config.plan.schedule}), policy {policy}, "
+               f"{1e3 * result['mean_step_s']:.2f} ms/step, "
+               f"{result['throughput_samples_s']:.1f} samples/s, "
+               f"{result['fallbacks']} fall-back(s)")
+
+
+def planned_result(out: Path, actions_path: Path, policy: str, model_uri: str | None,
+                   config: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json`` object of a planned run (samples: documents for the packed model)."""
+    wall, steps = float(summary["wall_s"]), int(summary["steps"])
+    decisions = summary.get("decisions", [])
+    lat = [float(d["latency_s"]) for d in decisions if d.get("latency_s") is not None]
+    samples = summary.get("documents_trained", steps * config.batch_size)
+    losses = list(summary["losses"].values())
+    return {
+        "out": str(out), "actions_file": str(actions_path), "run_id": config.run_id,
+        "policy": policy, "cost_model": model_uri, "steps": config.steps,
+        "stages": config.stages, "replicas": config.replicas, "schedule": config.plan.schedule,
+        "partition": summary["partition"], "rows": summary["rows"], "wall_s": wall,
+        "mean_step_s": wall / max(steps, 1),
+        "throughput_samples_s": samples / wall if wall > 0 else None,
+        "throughput_tokens_s": summary["tokens_trained"] / wall
+        if wall > 0 and "tokens_trained" in summary else None,
+        "throughput_steps_s": steps / wall if wall > 0 else None,
+        "actions_taken": 0, "decisions": len(decisions),
+        "fallbacks": sum(1 for d in decisions if d.get("fallback")),
+        "decision_latency_s": {"mean": sum(lat) / len(lat) if lat else None,
+                               "max": max(lat) if lat else None},
+        "counts": summary.get("counts"), "losses": summary["losses"],
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "emulated_slowdown": config.inject, "first_step": summary["first_step"],
+    }
 
 
 def _output_paths(out: Path, actions_file: Path | None) -> Path:

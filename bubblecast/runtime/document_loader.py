@@ -17,6 +17,7 @@ same documents. :meth:`DocumentLoader.tensors` packs one replica's micro-batches
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,6 +29,21 @@ from bubblecast.sim.documents import DocumentSource, draw_batches, load_document
 
 #: Default document source of the packed model.
 DEFAULT_DOCUMENTS = "lognormal"
+
+
+def fewest_microbatches(schedule: str, stages: int, most: int) -> int:
+    """The fewest micro-batches (up to ``most``) the runtime runs ``schedule`` with on
+    ``stages`` stages (:func:`bubblecast.runtime.plan.check_plan`'s rules, torch's)."""
+    from bubblecast.errors import BubblecastError
+    from bubblecast.runtime.plan import check_plan
+
+    for m in range(1, most + 1):
+        try:
+            check_plan(schedule, stages, m, stages)
+        except BubblecastError:
+            continue
+        return m
+    return most
 
 
 class PackedBatch(NamedTuple):
@@ -47,16 +63,18 @@ class DocumentLoader:
 
     ``budget``: tokens per micro-batch; ``vocab``: token ids ``0..vocab-1``; ``documents``: a
     preset or a JSON file of lengths; ``replicas``/``microbatches``/``stages``/``schedule``:
-    the step's shape (``microbatches`` per replica)."""
+    the step's shape (``microbatches`` per replica). :attr:`config` (the planner's) lets a
+    replica run no fewer micro-batches than torch's schedule accepts (1F1B: one per stage)."""
 
     def __init__(self, *, budget: int, vocab: int, seed: int, replicas: int, microbatches: int,
                  stages: int, schedule: str, documents: str | None = None) -> None:
         self.budget, self.vocab, self.seed = int(budget), int(vocab), int(seed)
         self.source: DocumentSource = load_documents(documents or DEFAULT_DOCUMENTS,
                                                      self.budget)
-        self.config: PlanConfig = plan_config(token_budget=self.budget, replicas=replicas,
-                                              microbatches=microbatches, stages=stages,
-                                              schedule=schedule)
+        config = plan_config(token_budget=self.budget, replicas=replicas,
+                             microbatches=microbatches, stages=stages, schedule=schedule)
+        self.config: PlanConfig = replace(config, min_microbatches=fewest_microbatches(
+            schedule, stages, microbatches))
         self._batches: list[np.ndarray] = []
 
     def lengths(self, step: int) -> np.ndarray:

@@ -96,8 +96,9 @@ def test_packed_replicas_with_uneven_counts_match_the_reference(results: dict) -
 
 @pytest.mark.dist
 def test_mlp_replicas_match_the_reference(results: dict) -> None:
-    from benchmarks.oracles.runtime_reference import Reference
     from dataclasses import replace
+
+    from benchmarks.oracles.runtime_reference import Reference
 
     c = mlp_config()
     ref = Reference(replace(c, replicas=1, stages=1, microbatches=8))
