@@ -61,3 +61,34 @@ def test_inspect_with_plot_loads_matplotlib_only_then(tmp_path):
     found = modules_of("inspect", str(TRACE), "--json", "--plot", str(tmp_path / "p.png"))
     assert "matplotlib" in found
     assert not found & (set(FORBIDDEN) - {"matplotlib"})
+
+
+def test_one_command_registered_first_keeps_the_help_order(capsys):
+    """A command run registers only its own module; a later full help lists every command in
+    the usual order."""
+    from bubblecast.cli import COMMAND_OF, main
+
+    assert main(["whatif", "--help"]) == 0
+    capsys.readouterr()
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == list(COMMAND_OF)
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--stages", "x", "Input should be a valid integer"),
+    ("--comm", "fast", "Input should be a valid number"),
+])
+def test_plain_parameter_conversion_keeps_typer_messages(option, value, message, tmp_path,
+                                                         capsys):
+    from bubblecast.cli import main
+
+    argv = ["simulate", "--schedule", "1f1b", "--microbatches", "2", "--out",
+            str(tmp_path / "s.parquet")]
+    if option != "--stages":
+        argv += ["--stages", "2"]
+    assert main([*argv, option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"Invalid value for '{option}': {message}" in err
+    assert not (tmp_path / "s.parquet").exists()

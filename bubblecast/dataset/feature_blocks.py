@@ -24,7 +24,6 @@ from bubblecast.dataset.windows import (
     levels_for,
     order_stats,
     pyramid,
-    run_lengths,
     window_sum,
     window_sums,
 )
@@ -88,11 +87,10 @@ def block_features(inputs: Inputs, lo: int, hi: int, offset: int, config: Datase
     if not len(k):
         return
     put = sink.writer(offset)
-    first = b.pos == 0
     start = np.arange(len(b.y)) - b.pos
     with np.errstate(invalid="ignore", divide="ignore"):
         top = levels_for(max(config.windows[-1], config.history - config.max_period))
-        mom = Moments(b.y, b.y[start], run_lengths(b.y, first), top)
+        mom = Moments(b.y, b.pos, top)
         level, median = _history(b, k, mom, config, put)
         assert median is not None
         since, spike_period = _spikes(b, k, start, median, config, put)
@@ -111,10 +109,8 @@ def history_features(inputs: Inputs, lo: int, hi: int, offset: int, config: Data
     b = inputs.rows(lo, hi)
     k = np.flatnonzero(b.pos >= config.history - 1)
     if len(k):
-        start = np.arange(len(b.y)) - b.pos
         with np.errstate(invalid="ignore", divide="ignore"):
-            mom = Moments(b.y, b.y[start], run_lengths(b.y, b.pos == 0),
-                          levels_for(config.windows[-1]))
+            mom = Moments(b.y, b.pos, levels_for(config.windows[-1]))
             _history(b, k, mom, config, sink.writer(offset), full=False)
 
 
@@ -123,9 +119,9 @@ def _history(b: Inputs, k: np.ndarray, mom: Moments, config: DatasetConfig,
     """Lags, window statistics, EWMs and (``full``) slopes at the kept rows; returns the level
     (median of the shortest window) there and (``full``) the rolling median of ``windows[1]``
     at every row."""
-    y, quantiles = b.y, config.quantiles
+    y, quantiles = mom.y, config.quantiles  # values that are not finite as NaN
     for lag in range(config.lags):
-        put(f"f_u_lag{lag}", y[k - lag])
+        put(f"f_u_lag{lag}", b.y[k - lag])
     level = median = None
     w1 = config.windows[1]
     for w in config.windows:
@@ -145,7 +141,12 @@ def _history(b: Inputs, k: np.ndarray, mom: Moments, config: DatasetConfig,
             put(f"f_u_q{round(q * 100)}_w{w}", values)
         if level is None:
             level = stats[2 + quantiles.index(0.5)]
-    ewm = ewm_restarting(y, b.pos, config.ewm_alphas)
+    if np.isfinite(y).all():
+        ewm = ewm_restarting(y, b.pos, config.ewm_alphas)
+    else:  # pandas' handling of missing values (weights decay over them), series by series
+        ys = pd.Series(y).groupby(np.cumsum(b.pos == 0))
+        ewm = np.stack([ys.ewm(alpha=a, adjust=False).mean().to_numpy()
+                        for a in config.ewm_alphas])
     for a, values in zip(config.ewm_alphas, ewm, strict=True):
         put(f"f_u_ewm{a:g}", values[k])
     assert level is not None
@@ -197,7 +198,7 @@ def _acf(b: Inputs, k: np.ndarray, start: np.ndarray, mom: Moments, config: Data
     history before it), every row of a chunk at once."""
     w, most, lead = config.history - config.max_period, config.max_period, config.history - 1
     lags = np.arange(2, most + 1)
-    c = b.y - mom.x0
+    c = mom.c
     best, period = np.full(len(c), np.nan), np.full(len(c), np.nan)
     view = np.lib.stride_tricks.sliding_window_view
     for at in range(lead, len(c), CHUNK_ROWS):
@@ -305,6 +306,7 @@ def peer_features(series: pd.DataFrame, inputs: Inputs, kept: np.ndarray,
         for lag in range(config.lags):
             put(f"f_u_peer_lag{lag}", peer[kept - lag])
         w = config.windows[0]
-        put("f_peer_ratio_m5", window_sum(pyramid(ratio, levels_for(w)), w, kept) / w)
+        finite = np.where(np.isfinite(ratio), ratio, np.nan)  # as pandas' rolling mean
+        put("f_peer_ratio_m5", window_sum(pyramid(finite, levels_for(w)), w, kept) / w)
         total = pd.Series(inputs.cost).groupby([run, rep, step]).transform("sum").to_numpy()
         put("f_cost_share", inputs.cost[kept] / total[kept])

@@ -80,15 +80,19 @@ def run_lengths(x: np.ndarray, first: np.ndarray) -> np.ndarray:
 
 class Moments:
     """Windowed mean and spread of a series from pyramids of ``x - x0`` (``x0`` the series'
-    first value: sums of small numbers, the same for the series wherever it lies), with
-    windows of one value (``run_lengths``) given a spread of exactly 0."""
+    first value, 0 if that is not finite: sums of small numbers, the same for the series
+    wherever it lies), with windows of one value (``run_lengths``) given a spread of exactly
+    0. Values that are not finite count as missing (as pandas' rolling statistics take
+    them): a window holding one gives NaN."""
 
-    def __init__(self, y: np.ndarray, first_value: np.ndarray, runs: np.ndarray,
-                 top: int) -> None:
-        self.y, self.x0, self.runs = y, first_value, runs
-        c = y - first_value
-        self.s1 = pyramid(c, top)
-        self.s2 = pyramid(c * c, top)
+    def __init__(self, y: np.ndarray, pos: np.ndarray, top: int) -> None:
+        self.y = np.where(np.isfinite(y), y, np.nan)
+        first = self.y[np.arange(len(y)) - pos]
+        self.x0 = np.where(np.isfinite(first), first, 0.0)
+        self.runs = run_lengths(self.y, pos == 0)
+        self.c = self.y - self.x0
+        self.s1 = pyramid(self.c, top)
+        self.s2 = pyramid(self.c * self.c, top)
 
     def centred(self, w: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean of ``x - x0``, sum of squared deviations) of the windows ending at ``rows``."""
@@ -124,7 +128,8 @@ def order_stats(y: np.ndarray, rows: np.ndarray, w: int, quantiles: Sequence[flo
                 median: bool = False) -> list[np.ndarray]:
     """``[min, max, quantile...]`` (and the median, the mean of the middle two for even
     ``w``, with ``median``) of the ``w`` rows ending at each of ``rows``, from the sorted
-    windows, :data:`CHUNK_ROWS` rows at a time."""
+    windows, :data:`CHUNK_ROWS` rows at a time; NaN for a window holding a NaN (as pandas'
+    rolling statistics with a full window required)."""
     plan = quantile_plan(w, quantiles)
     outs = [np.empty(len(rows)) for _ in range(2 + len(plan) + int(median))]
     view = sliding_window_view(y, w)
@@ -138,6 +143,10 @@ def order_stats(y: np.ndarray, rows: np.ndarray, w: int, quantiles: Sequence[flo
             outs[2 + i][part] = low + (s[:, hi] - low) * frac
         if median:
             outs[-1][part] = (s[:, w // 2] if w % 2 else (s[:, w // 2 - 1] + s[:, w // 2]) / 2.0)
+        missing = np.isnan(s[:, -1])  # NaN sorts last: a window missing a value has none
+        if missing.any():
+            for out in outs:
+                out[part][missing] = np.nan
     return outs
 
 

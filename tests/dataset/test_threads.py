@@ -135,3 +135,19 @@ def test_dataset_threads_option(tmp_path):
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert main([*args, "--out", str(tmp_path / "c.parquet"), "--threads", "0"]) == 2
     assert not (tmp_path / "c.parquet").exists()
+
+
+def test_missing_and_infinite_values_count_as_missing_like_pandas(series):
+    """A NaN or infinite delay signal (a stage holding no work, say) leaves NaN in the windows
+    that hold it, as pandas' rolling statistics do; EWMs decay over it as pandas' do."""
+    t = series.copy()
+    y = t["y"].to_numpy().copy()
+    first = np.flatnonzero(t["step"].to_numpy() == 0)
+    y[[first[1], first[2] + 30, first[3] + 40]] = [np.nan, np.inf, -np.inf]
+    t["y"] = y
+    new = build_features(t, CONFIG, n_jobs=2)
+    old = reference_features(t, CONFIG)
+    for col in [c for c in new.columns if c.startswith("f_u_") or c == "f_peer_ratio_m5"]:
+        a, b = new[col].to_numpy(np.float64), old[col].to_numpy(np.float64)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=col)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=col)
