@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.inject import Injection, parse_inject
+from bubblecast.runtime.inject import Injection, expand_replicas, parse_inject
 from bubblecast.runtime.plan import Plan, check_plan
 
 MODELS = ("mlp", "gpt", "packed")
@@ -149,8 +149,11 @@ class TrainConfig:
             raise BubblecastError(f"--batch-size: {self.batch_size} does not split into "
                                   f"{self.replicas} replicas x {plan.microbatches} equal "
                                   "micro-batches")
-        for inj in self.injections:
-            if inj.rank >= self.ranks:
+        for inj in parse_inject(self.inject):
+            if inj.replica is not None and inj.replica >= self.replicas:
+                raise BubblecastError(f"--inject: replica {inj.replica} does not exist "
+                                      f"({self.replicas} replicas)")
+            if inj.replica is None and inj.rank >= self.ranks:
                 raise BubblecastError(f"--inject: rank {inj.rank} does not exist "
                                       f"({self.ranks} ranks)")
 
@@ -184,7 +187,7 @@ class TrainConfig:
 
     @property
     def injections(self) -> list[Injection]:
-        return parse_inject(self.inject)
+        return expand_replicas(parse_inject(self.inject), self.stages)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

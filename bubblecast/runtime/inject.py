@@ -20,6 +20,10 @@ Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=v
 - Spike: ``rank=0,every=50,extra=0.2[,length=1][,start=0][,end=N]``: on ``length`` steps out
   of every ``every`` (from ``start``), each compute op of ``rank`` takes ``1 + extra`` times
   its measured time.
+- A whole replica: ``replica=R`` instead of ``rank=`` (``replica=1,factor=1.5,start=20``)
+  applies the slowdown or spike to every rank of data-parallel replica ``R`` (a thermal fault
+  or fail-slow of one pipeline copy); :func:`expand_replicas` turns it into one injection per
+  rank once the stage count is known (ranks ``R*stages .. R*stages+stages-1``).
 
 The extra time is part of the op's recorded duration; runs carry the spec in
 ``RunMeta.extra["emulated_slowdown"]``. Where it goes depends on the recorder's clock: on the
@@ -32,14 +36,14 @@ slowed, and the host keeps launching ahead as it would.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from bubblecast.errors import BubblecastError
 
-_SLOW_KEYS = {"rank", "factor", "start", "ramp", "end", "lead"}
-_SPIKE_KEYS = {"rank", "every", "extra", "length", "start", "end"}
-_INT_KEYS = {"rank", "start", "ramp", "end", "every", "length", "lead"}
+_SLOW_KEYS = {"rank", "replica", "factor", "start", "ramp", "end", "lead"}
+_SPIKE_KEYS = {"rank", "replica", "every", "extra", "length", "start", "end"}
+_INT_KEYS = {"rank", "replica", "start", "ramp", "end", "every", "length", "lead"}
 #: Emulated device temperatures (deg C): healthy, throttle threshold, degraded steady state.
 T_AMB, T_HEALTHY, T_THROTTLE = 35.0, 75.0, 85.0
 
@@ -57,6 +61,7 @@ class Injection:
     extra: float = 0.0
     length: int = 1
     lead: int = 0
+    replica: int | None = None
 
     @property
     def kind(self) -> str:
@@ -97,6 +102,7 @@ class Injection:
     def to_json(self) -> dict[str, Any]:
         keys = _SPIKE_KEYS if self.every is not None else _SLOW_KEYS - (
             set() if self.lead else {"lead"})
+        keys = keys - ({"replica"} if self.replica is None else set())
         return {"kind": self.kind, **{k: v for k, v in asdict(self).items() if k in keys}}
 
 
@@ -118,12 +124,18 @@ def _parse_one(spec: str) -> Injection:
         key, raw = (s.strip() for s in item.split("=", 1))
         if key not in _SLOW_KEYS | _SPIKE_KEYS:
             raise BubblecastError(f"--inject: unknown key '{key}' in '{spec}' (keys: rank, "
-                                  "factor, start, ramp, end, lead, every, extra, length)")
+                                  "replica, factor, start, ramp, end, lead, every, extra, "
+                                  "length)")
         if key in fields:
             raise BubblecastError(f"--inject: '{key}' given twice in '{spec}'")
         fields[key] = _number(key, raw, spec)
-    if "rank" not in fields:
-        raise BubblecastError(f"--inject: 'rank' is required in '{spec}'")
+    if "rank" not in fields and "replica" not in fields:
+        raise BubblecastError(f"--inject: 'rank' is required in '{spec}' (or 'replica' for "
+                              "every rank of a replica)")
+    if "rank" in fields and "replica" in fields:
+        raise BubblecastError(f"--inject: 'rank' and 'replica' cannot both be given in "
+                              f"'{spec}'")
+    fields.setdefault("rank", -1)  # a replica's: every rank of it, see expand_replicas
     spike = "every" in fields or "extra" in fields
     allowed = _SPIKE_KEYS if spike else _SLOW_KEYS
     stray = sorted(set(fields) - allowed)
@@ -134,7 +146,8 @@ def _parse_one(spec: str) -> Injection:
     for key in need:
         if key not in fields:
             raise BubblecastError(f"--inject: '{key}' is required in '{spec}'")
-    checks = [("rank", 0), ("start", 0), ("ramp", 0), ("every", 1), ("length", 1), ("lead", 0)]
+    checks = [("start", 0), ("ramp", 0), ("every", 1), ("length", 1), ("lead", 0),
+              ("replica", 0)] + ([("rank", 0)] if fields.get("replica") is None else [])
     for key, low in checks:
         if key in fields and fields[key] < low:
             raise BubblecastError(f"--inject: '{key}' must be >= {low}, got {fields[key]}")
@@ -154,6 +167,18 @@ def parse_inject(text: str | None) -> list[Injection]:
     if text is None or not text.strip():
         return []
     return [_parse_one(spec.strip()) for spec in text.split(";") if spec.strip()]
+
+
+def expand_replicas(injections: list[Injection], stages: int) -> list[Injection]:
+    """Each whole-replica injection (``replica=R``) as one per rank of that replica (ranks
+    ``R*stages .. R*stages+stages-1``, ``replica`` kept); the others as they are."""
+    out: list[Injection] = []
+    for inj in injections:
+        if inj.replica is None:
+            out.append(inj)
+        else:
+            out += [replace(inj, rank=inj.replica * stages + s) for s in range(stages)]
+    return out
 
 
 def multiplier(injections: list[Injection], rank: int, step: int) -> float:

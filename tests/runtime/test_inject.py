@@ -89,3 +89,26 @@ def test_device_delay_is_calibrated_and_waits_once_per_op_kind() -> None:
     before = backend.device.now
     delay.sleep_s(0.0)  # nothing queued for no delay
     assert backend.device.now == before
+
+
+def test_a_replica_slowdown_slows_every_rank_of_that_replica() -> None:
+    """``replica=R`` (issue 25 item 4): one injection per rank of replica R once the stage
+    count is known; the other replica untouched."""
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.inject import expand_replicas, multiplier
+
+    (raw,) = parse_inject("replica=1,factor=1.5,start=3")
+    assert raw.replica == 1 and raw.rank == -1
+    ranks = expand_replicas([raw], stages=3)
+    assert [i.rank for i in ranks] == [3, 4, 5]
+    assert [multiplier(ranks, r, 5) for r in range(6)] == [1.0] * 3 + [1.5] * 3
+    assert multiplier(ranks, 4, 2) == 1.0
+    config = TrainConfig(model=ModelSpec(kind="packed", seq_len=64), stages=2, replicas=2,
+                         inject="replica=0,every=4,extra=0.5")
+    assert [(i.rank, i.replica, i.kind) for i in config.injections] == \
+        [(0, 0, "spike"), (1, 0, "spike")]
+    with pytest.raises(BubblecastError, match="replica 2 does not exist"):
+        TrainConfig(model=ModelSpec(kind="packed", seq_len=64), stages=2, replicas=2,
+                    inject="replica=2,factor=2")
+    with pytest.raises(BubblecastError, match="cannot both be given"):
+        parse_inject("rank=0,replica=1,factor=2")
