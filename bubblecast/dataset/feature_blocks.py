@@ -94,7 +94,7 @@ def block_features(inputs: Inputs, lo: int, hi: int, offset: int, config: Datase
         level, median = _history(b, k, mom, config, put)
         assert median is not None
         since, spike_period = _spikes(b, k, start, median, config, put)
-        acf_period = _acf(b, k, start, mom, config, put)
+        acf_period = _acf(k, mom, config, put)
         period = np.where(np.isfinite(spike_period), spike_period, acf_period)
         put("f_period", period)
         put("level", np.maximum(level, 1e-12))
@@ -191,8 +191,7 @@ def _spikes(b: Inputs, k: np.ndarray, start: np.ndarray, median: np.ndarray,
     return since, np.where(regular, period, np.nan)
 
 
-def _acf(b: Inputs, k: np.ndarray, start: np.ndarray, mom: Moments, config: DatasetConfig,
-         put: Put) -> np.ndarray:
+def _acf(k: np.ndarray, mom: Moments, config: DatasetConfig, put: Put) -> np.ndarray:
     """Autocorrelation peak over lags 2..max_period in the trailing window and its lag, at the
     kept rows; returns the period. Rows in chunks of :data:`CHUNK_ROWS` (each with the
     history before it), every row of a chunk at once."""
