@@ -41,6 +41,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from size_check import python_files, shown_path  # noqa: E402  (the tools' one file walker)
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Underscore names that are public by convention.
@@ -460,23 +463,7 @@ class Checker:
 def check_file(path: Path, project: set[str], modules: set[str]) -> list[str]:
     """The findings of one file, as ``path:line: message`` lines."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    return Checker(path, _shown(path), project, modules).run(tree)
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory when it is below it, as ruff prints it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def python_files(paths: list[Path]) -> list[Path]:
-    """The ``.py`` files named or under the folders named, sorted."""
-    files: list[Path] = []
-    for p in paths:
-        files.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p])
-    return files
+    return Checker(path, shown_path(path), project, modules).run(tree)
 
 
 def findings(paths: list[Path]) -> list[str]:

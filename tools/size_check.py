@@ -68,7 +68,7 @@ def offenders(path: Path, max_module: int, max_function: int,
     allowed_functions = ALLOWED_FUNCTIONS if allowed_functions is None else allowed_functions
     used = set() if used is None else used
     text = path.read_text(encoding="utf-8")
-    name, key = _shown(path), _key(path)
+    name, key = shown_path(path), _key(path)
     found = []
     lines = len(text.splitlines())
     limit = max_module
@@ -89,7 +89,7 @@ def offenders(path: Path, max_module: int, max_function: int,
     return found
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """``path`` relative to the working directory when it is below it, as ruff prints it."""
     try:
         return str(path.resolve().relative_to(Path.cwd()))
