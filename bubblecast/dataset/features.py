@@ -30,6 +30,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from bubblecast.dataset import threads
 from bubblecast.dataset.config import DatasetConfig
 from bubblecast.dataset.feature_blocks import (
     Inputs,
@@ -173,7 +174,8 @@ def _run_blocks(series: pd.DataFrame, config: DatasetConfig, names: list[str],
     tasks = [partial(peer_features, series, inputs, kept, config, sink)] if peers else []
     tasks += [partial(block, inputs, lo, hi, int(at), config, sink)
               for (lo, hi), at in zip(blocks, offsets, strict=True)]
-    run_tasks(tasks, jobs)
+    # under a block of rows (a serving window, say) threads cost more than they save
+    run_tasks(tasks, jobs if len(pos) >= threads.BLOCK_ROWS else 1)
     return sink, kept
 
 

@@ -29,11 +29,20 @@ def series() -> pd.DataFrame:
     return step_series(from_frame(frame, {**a.runs, **b.runs}))
 
 
-def test_thread_counts_give_the_same_bits(series):
+def test_thread_counts_give_the_same_bits(series, monkeypatch):
+    """Blocks of 64 rows (the frame is smaller than one default block, which is built on this
+    thread), so threads do share the work."""
+    from bubblecast.dataset import features as features_mod
+
+    monkeypatch.setattr(threads_mod, "BLOCK_ROWS", 64)
+    runs, run = [], features_mod.run_tasks
+    monkeypatch.setattr(features_mod, "run_tasks",
+                        lambda tasks, jobs: (runs.append((len(tasks), jobs)), run(tasks, jobs)))
     one = build_features(series, CONFIG, n_jobs=1)
     for jobs in (2, 3, -1, None):
         pd.testing.assert_frame_equal(build_features(series, CONFIG, n_jobs=jobs), one,
                                       check_exact=True)
+    assert runs[0][1] == 1 and runs[1] == (runs[0][0], 2) and runs[0][0] > 10
 
 
 @pytest.mark.parametrize("block_rows", [1, 50, 10**9])
@@ -78,7 +87,7 @@ def test_values_equal_the_pandas_implementation(series):
 
 def test_history_frame_is_the_features_columns(series):
     frame = build_features(series, CONFIG)
-    hist = history_frame(series, CONFIG, n_jobs=2)
+    hist = history_frame(series, CONFIG, n_jobs=2)  # one block here: built on this thread
     names = history_names(CONFIG)
     assert list(hist.columns) == ["run_id", "replica", "stage", "step"] + names
     pd.testing.assert_frame_equal(hist[names], frame[names], check_exact=True)
