@@ -55,7 +55,9 @@ log = logging.getLogger("bubblecast.plan")
 PLAN_TIMEOUT_S = 30.0
 #: Steps of speed history the forecaster sees.
 HISTORY = 64
-METHODS = ("tokens", "balance")
+#: ``loader`` plans the data loader's own order through the same machinery (an A/B of the
+#: planner's overhead against ``static``, which plans nothing).
+METHODS = ("tokens", "balance", "loader")
 
 
 def plan_problem(plan: WorkPlan, lengths: np.ndarray, config: Any) -> str | None:
@@ -174,11 +176,14 @@ class LivePlanner:
 
         n, replicas = len(self.loader.lengths(step)), self.config.replicas
         planned, why = self._take(step) if self.lead else (None, None)
-        dev = self.trainer.device
-        mine = torch.from_numpy(encode(planned, n, replicas, self._ratio)).to(dev)
-        rows = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(rows, mine)
-        table = torch.stack(rows).cpu().numpy()
+        row = encode(planned, n, replicas, self._ratio)
+        if self.world == 1:
+            table = row[None]
+        else:
+            mine = torch.from_numpy(row).to(self.trainer.device)
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine)
+            table = torch.stack(rows).cpu().numpy()
         plan = decode(table[0], n, replicas, self.method)
         if self.lead:
             self._observe([None if row[-2] < 0 else (int(row[-2]), float(row[-1]))
@@ -308,6 +313,10 @@ class LivePlanner:
 
         x = self.loader.lengths(step)
         c = self.config
+        if self.method == "loader":
+            plan = plan_static(x, c)
+            return plan, Decision(plan_action(plan), None, None, 0.0,
+                                  "the data loader's order").to_json()
         if self.method == "tokens" or self.problem:
             plan = plan_batch(x, c, TOKENS, None, method="tokens")
             top = max((int(x[list(mb)].sum()) for rep in plan.microbatches for mb in rep),

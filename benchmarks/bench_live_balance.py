@@ -1,0 +1,287 @@
+"""Balanced work, live: static, tokens and balance plans of the packed GPT on a real CPU pipeline.
+
+Two settings (issue 25's goals), each ``--runs`` times:
+
+- **documents**: 1 replica x 2 stages, 4 micro-batches per step, ``lognormal`` documents (at
+  most a quarter of the token budget);
+- **slow-replica**: 2 replicas x 2 stages (4 ranks), 4 micro-batches per replica, every rank
+  of replica 1 slowed 1.5x from step ``onset`` on (``--inject replica=1,factor=1.5,...``).
+
+First, per setting, two static runs of the same setup are recorded (``collect``'s code path,
+healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
+held-out run: its p90 relative error there is the "cost model, live" figure). Then one launch
+per run holds one trainer per policy, each on its own process groups, their steps
+interleaved (order rotated every step, a barrier around each step) so that every policy sees
+the same load of this shared machine; every trainer reads the same documents (same seed), so
+their losses must agree at every step (asserted, float32 tolerance) and samples/s compare plain
+step times. Extra trainers: ``loader`` (the live planner's machinery planning the loader's own
+order: its step time against ``static`` is the planning overhead, A/B on the same steps),
+``unrecorded`` (static without telemetry: the recording overhead) and, in slow-replica,
+``healthy`` (static without the slowdown: the recovery's reference).
+
+Per run and policy: documents/s (after the first ``warm`` steps; in slow-replica over the slowed
+steps after ``settle`` more), the ratio to static; slow-replica: the share of the slowdown
+recovered, ``(t_static - t_policy) / (t_static - t_healthy)``, beside the bound the best
+integer split of the micro-batches gives when a replica's time is ``speed x (M_r + P - 1)``
+(fill and drain) -- 60% at 3|5 -- and the micro-batch counts balance ran. Plain means over runs.
+
+    python benchmarks/bench_live_balance.py [--quick] [--runs 3]
+
+Prints a table, writes benchmarks/results/live_balance.json (``--quick``: live_balance-quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bubblecast.runtime.shutdown import exit_process
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = {"kind": "packed", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 512,
+         "vocab": 128}
+SETTINGS = {"documents": {"replicas": 1, "stages": 2, "microbatches": 4},
+            "slow-replica": {"replicas": 2, "stages": 2, "microbatches": 4}}
+FULL = {"steps": 120, "onset": 30, "settle": 15, "warm": 10, "collect": 60}
+QUICK = {"steps": 48, "onset": 12, "settle": 12, "warm": 4, "collect": 40}
+POLICIES = ("static", "tokens", "balance")
+FACTOR = 1.5
+#: Relative loss difference allowed between policies (float32 sums in another order).
+LOSS_RTOL = 1e-4
+
+
+def train_config(setting: str, steps: int, seed: int, run_id: str,
+                 inject: str | None = None) -> Any:
+    from bubblecast.runtime.config import ModelSpec, TrainConfig
+
+    return TrainConfig(model=ModelSpec(**MODEL), **SETTINGS[setting], schedule="1f1b",
+                       steps=steps, optimizer="adamw", lr=1e-3, seed=seed, run_id=run_id,
+                       inject=inject, layer_cost_every=0)
+
+
+def slow_spec(onset: int) -> str:
+    return f"replica=1,factor={FACTOR},start={onset}"
+
+
+# -- the cost model: two recorded static runs of the same setup ------------------------------
+def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, dict[str, Any]]:
+    """Record two static runs, fit the cost model on one and score it on the other; its
+    directory and held-out metrics."""
+    from bubblecast.forecast.cost_model import CostModel
+    from bubblecast.forecast.cost_modeldir import save_cost_model
+    from bubblecast.runtime.launch import run_out_job
+    from bubblecast.telemetry import read_events
+    from bubblecast.telemetry.events import Events
+
+    paths = []
+    for seed in (11, 12):
+        out = root / f"{setting}-collect-{seed}.parquet"
+        run_out_job(out, train_config(setting, scale["collect"], seed, f"collect-{seed}"),
+                    timeout=1800)
+        paths.append(out)
+    events = Events.concat([read_events(p) for p in paths])
+    model = CostModel(holdout=0.5, seed=0).fit(events)
+    where = root / f"{setting}-cost"
+    save_cost_model(model, where)
+    return str(where), {"learner": model.learner_, **(model.metrics_.get("heldout") or {})}
+
+
+# -- one interleaved launch --------------------------------------------------------------------
+def worker(job_dir: Path) -> None:
+    """On each rank under torchrun: one trainer per policy, their steps interleaved."""
+    import torch
+    import torch.distributed as dist
+
+    from bubblecast.runtime.config import TrainConfig
+    from bubblecast.runtime.live_plan import LivePlanner
+    from bubblecast.runtime.trainer import Trainer, init_distributed
+
+    job = json.loads((job_dir / "bench.json").read_text())
+    init_distributed("gloo")
+    torch.set_num_threads(1)
+    names = list(job["runs"])
+    trainers = {}
+    for name in names:
+        spec = job["runs"][name]
+        config = TrainConfig.from_json(spec["config"])
+        group = dist.new_group(backend="gloo") if config.replicas == 1 else None
+        trainers[name] = Trainer(config, group=group, record=spec["record"])
+        if spec.get("loader"):
+            trainers[name].packed.planner = LivePlanner(trainers[name], "loader")
+    sync = dist.new_group(backend="gloo")
+    step_s: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(job["steps"]):
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            dist.barrier(group=sync)
+            t0 = time.perf_counter()
+            trainers[name].train_step()
+            dist.barrier(group=sync)
+            step_s[name].append(time.perf_counter() - t0)
+    out = {}
+    for name in names:
+        t = trainers[name]
+        planner = t.packed.planner
+        out[name] = {"step_s": step_s[name], "losses": t.gather_losses(),
+                     "counts": {str(k): v for k, v in t.packed.counts.items()},
+                     "documents": [len(t.packed.loader.lengths(k)) for k in range(job["steps"])],
+                     "decisions": planner.decisions if planner is not None else [],
+                     "latency_s": [d.get("latency_s") for d in planner.decisions]
+                     if planner is not None else []}
+        t.packed.close()
+    if dist.get_rank() == 0:
+        (job_dir / "result.json").write_text(json.dumps(out, default=float))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -> dict:
+    from bubblecast.runtime.launch import failure_message, launch
+
+    slow = setting == "slow-replica"
+    inject = slow_spec(scale["onset"]) if slow else None
+    runs: dict[str, Any] = {}
+    for name in (*POLICIES, "loader", "unrecorded", *(("healthy",) if slow else ())):
+        planner = name if name in ("tokens", "balance") else "static"
+        config = train_config(setting, scale["steps"], seed, f"{setting}-{name}",
+                              None if name == "healthy" else inject)
+        config = replace(config, planner=planner,
+                         cost_model=cost if planner == "balance" else None)
+        runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
+                      "loader": name == "loader"}
+    ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
+    with tempfile.TemporaryDirectory(prefix="bench-live-balance-") as tmp:
+        job_dir = Path(tmp)
+        (job_dir / "bench.json").write_text(json.dumps({"runs": runs, "steps": scale["steps"]}))
+        code = launch(job_dir, ranks, script=__file__, timeout=3600)
+        if code != 0:
+            sys.exit(f"benchmark failed: {failure_message(job_dir)}")
+        return json.loads((job_dir / "result.json").read_text())
+
+
+# -- figures -------------------------------------------------------------------------------
+def split_bound(m: int, stages: int, factor: float) -> dict[str, Any]:
+    """The best integer split of ``2 m`` micro-batches over a healthy and a ``factor``-slow
+    replica when a replica takes ``speed x (M_r + P - 1)``: its recovery of the slowdown."""
+    static = factor * (m + stages - 1)
+    healthy = m + stages - 1
+    best = min((max(factor * (k + stages - 1), (2 * m - k) + stages - 1), k)
+               for k in range(1, 2 * m))
+    return {"split": [best[1], 2 * m - best[1]],
+            "recovery": (static - best[0]) / (static - healthy)}
+
+
+def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> dict[str, Any]:
+    slow = setting == "slow-replica"
+    lo = scale["onset"] + scale["settle"] if slow else scale["warm"]
+    out: dict[str, Any] = {}
+    ref = raw["static"]["losses"]
+    for name, r in raw.items():
+        losses = r["losses"]
+        worst = max(abs(float(losses[k]) - float(ref[k])) / max(abs(float(ref[k])), 1e-12)
+                    for k in ref)
+        assert worst < LOSS_RTOL, f"{setting}/{name}: losses differ from static by {worst:.2e}"
+        step = np.asarray(r["step_s"])[lo:]
+        docs = np.asarray(r["documents"])[lo:]
+        lat = [x for x in r["latency_s"] if x is not None]
+        paired = step / np.asarray(raw["static"]["step_s"])[lo:]
+        out[name] = {"samples_s": float(docs.sum() / step.sum()),
+                     "step_s": float(step.mean()), "loss_max_rel_diff": worst,
+                     "ratio_paired_median": float(1.0 / np.median(paired)),
+                     "decision_ms": 1e3 * float(np.mean(lat)) if lat else None,
+                     "fallbacks": sum(1 for d in r["decisions"] if d.get("fallback"))}
+        if name == "balance":
+            counts = np.array([r["counts"][str(k)] for k in range(len(r["step_s"]))])
+            out[name]["mean_counts_after"] = counts[lo:].mean(axis=0).round(3).tolist()
+            first = next((k for k in range(len(counts)) if counts[k][0] != counts[k][-1]), None)
+            out[name]["first_uneven_step"] = first
+    base = out["static"]
+    for r in out.values():
+        r["ratio"] = r["samples_s"] / base["samples_s"]
+    out["overhead_pct_planner"] = 100.0 * (out["loader"]["step_s"] / base["step_s"] - 1.0)
+    out["overhead_pct_recording"] = 100.0 * (base["step_s"] / out["unrecorded"]["step_s"] - 1.0)
+    # paired per step (interleaved steps share the machine's load): robust to load spikes
+    out["overhead_pct_planner_paired_median"] = 100.0 * (
+        1.0 / out["loader"]["ratio_paired_median"] - 1.0)
+    if slow:
+        t_static, t_healthy = base["step_s"], out["healthy"]["step_s"]
+        for name in ("tokens", "balance"):
+            out[name]["recovery"] = (t_static - out[name]["step_s"]) / (t_static - t_healthy)
+    return out
+
+
+def mean_of(runs: list[dict[str, Any]], path: tuple[str, str]) -> float | None:
+    vals = [r[path[0]].get(path[1]) for r in runs if path[0] in r]
+    vals = [v for v in vals if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    args = ap.parse_args()
+    scale = QUICK if args.quick else FULL
+    from _results import run_header, write_json
+
+    doc: dict[str, Any] = run_header("live_balance", model=MODEL, scale=scale,
+                                     factor=FACTOR, runs=args.runs, settings={})
+    with tempfile.TemporaryDirectory(prefix="bench-live-balance-cost-") as tmp:
+        for setting in args.settings.split(","):
+            print(f"{setting}: recording two static runs for the cost model ...",
+                  file=sys.stderr, flush=True)
+            cost, metrics = cost_model(setting, scale, Path(tmp))
+            runs = []
+            for k in range(args.runs):
+                print(f"{setting}: interleaved run {k + 1}/{args.runs} ...", file=sys.stderr,
+                      flush=True)
+                runs.append(summarise_run(setting, run_interleaved(setting, scale, 100 + k,
+                                                                   cost), scale))
+            names = [n for n in runs[0] if isinstance(runs[0][n], dict)]
+            mean = {n: {key: mean_of(runs, (n, key)) for key in
+                        ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
+                         "decision_ms")}
+                    for n in names}
+            entry = {"cost_model_heldout": metrics, "runs": runs, "mean": mean,
+                     "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
+                                                           for r in runs])),
+                     "overhead_pct_recording": float(np.mean([r["overhead_pct_recording"]
+                                                             for r in runs]))}
+            if setting == "slow-replica":
+                entry["bound"] = split_bound(SETTINGS[setting]["microbatches"],
+                                             SETTINGS[setting]["stages"], FACTOR)
+            doc["settings"][setting] = entry
+            print(f"\n{setting} (mean of {args.runs}; cost model held-out p90 "
+                  f"{metrics.get('p90_rel_error', float('nan')):.3f}, {metrics.get('learner')})")
+            print(f"{'policy':<12}{'docs/s':>10}{'x static':>10}{'paired':>9}{'recovery':>10}"
+                  f"{'decide ms':>11}")
+            for n in names:
+                m = mean[n]
+                rec = "-" if m["recovery"] is None else f"{m['recovery']:.2f}"
+                dec = "-" if m["decision_ms"] is None else f"{m['decision_ms']:.2f}"
+                print(f"{n:<12}{m['samples_s']:>10.1f}{m['ratio']:>10.3f}"
+                      f"{m['ratio_paired_median']:>9.3f}{rec:>10}{dec:>11}")
+            print(f"planner overhead {entry['overhead_pct_planner']:+.2f}% (loader plan vs "
+                  f"static), recording {entry['overhead_pct_recording']:+.2f}%")
+            if "bound" in entry:
+                b = entry["bound"]
+                print(f"bound: best integer split {b['split']} recovers {b['recovery']:.0%}")
+    write_json(RESULTS / ("live_balance-quick.json" if args.quick else "live_balance.json"), doc)
+
+
+if __name__ == "__main__":
+    import os
+
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:
+        worker(Path(sys.argv[1]))
+        exit_process(0)  # no finalization: see bubblecast.runtime.shutdown
+    else:
+        main()
