@@ -71,6 +71,9 @@ def _register(command: str | None = None) -> None:
         key=lambda info: order.get(getattr(info.callback, "__module__", ""), len(order)))
 
 
+#: The strings pydantic reads as booleans.
+_BOOLS = {**dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
+          **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False)}
 #: Parameter types converted by :func:`_plain_coercion`, with pydantic's messages.
 _PLAIN_ERRORS = {int: "Input should be a valid integer, unable to parse string as an integer",
                  float: "Input should be a valid number, unable to parse string as a number"}
@@ -98,10 +101,13 @@ def _plain_param(descriptor: Any, base: type) -> Any:
             return value
         try:
             if item is bool:
-                return {"true": True, "1": True, "false": False, "0": False}[
-                    str(value).strip().lower()]
+                return _BOOLS[str(value).strip().lower()]
+            if item is int and isinstance(value, str):
+                number = float(value)  # pydantic takes "3.0" for 3, not "3.5"
+                if number.is_integer() and not value.strip().isdigit():
+                    return int(number)
             return item(value)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             from typer._click.exceptions import BadParameter
 
             message = _PLAIN_ERRORS.get(item, f"Input should be a valid {item.__name__}")
