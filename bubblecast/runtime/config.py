@@ -167,6 +167,10 @@ class TrainConfig:
                 if value != default:
                     raise BubblecastError(f"{name}: needs the packed model (--model packed), "
                                           f"this run's is '{self.model.kind}'")
+        if self.model.packed:  # refuses a missing file, a document longer than the budget
+            from bubblecast.sim.documents import load_documents
+
+            load_documents(self.documents or "lognormal", self.model.seq_len)
         if self.planner == "balance" and not self.cost_model:
             raise BubblecastError("planner balance: needs a cost model (--model DIR: `bubblecast "
                                   "train EVENTS --model cost`)")

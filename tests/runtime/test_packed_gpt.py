@@ -99,3 +99,13 @@ def test_cpu_time_grows_with_tokens_sq_at_fixed_tokens() -> None:
 def test_bad_packed_configs(kwargs: dict, message: str) -> None:
     with pytest.raises(BubblecastError, match=message):
         TrainConfig(**kwargs)
+
+
+def test_a_document_longer_than_the_budget_is_refused_before_launch(tmp_path) -> None:
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text("[12, 40, 200, 9]")
+    with pytest.raises(BubblecastError, match=r"document of 200 tokens is longer than the "
+                                              r"token budget 128; split it"):
+        TrainConfig(model={"kind": "packed", "seq_len": 128}, documents=str(lengths))
+    with pytest.raises(BubblecastError, match="neither a preset"):
+        TrainConfig(model={"kind": "packed", "seq_len": 128}, documents="nowhere.json")
