@@ -92,3 +92,25 @@ def test_plain_parameter_conversion_keeps_typer_messages(option, value, message,
     err = capsys.readouterr().err
     assert f"Invalid value for '{option}': {message}" in err
     assert not (tmp_path / "s.parquet").exists()
+
+
+def test_console_entry_quick_exit_keeps_output_and_codes(tmp_path):
+    """The console entry ends inspect/whatif/simulate without the interpreter's teardown:
+    the JSON is whole, files are written, and errors keep exit 2."""
+    exe = Path(sys.executable).parent / "bubblecast"
+    if not exe.exists():
+        pytest.skip("no console script in this environment")
+    done = subprocess.run([str(exe), "whatif", str(TRACE), "--json"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout)["replayed_step_s"] > 0
+    out = tmp_path / "s.parquet"
+    done = subprocess.run([str(exe), "simulate", "--schedule", "1f1b", "--stages", "2",
+                           "--microbatches", "2", "--steps", "3", "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout)["events"] == 24
+    from bubblecast.telemetry.io import read_events
+
+    assert len(read_events(out)) == 24
+    done = subprocess.run([str(exe), "inspect", str(tmp_path / "missing.parquet")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "no such file" in done.stderr

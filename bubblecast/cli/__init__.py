@@ -197,5 +197,27 @@ def main(argv: list[str] | None = None) -> int:
         code = _fail(f"internal error: {type(exc).__name__}: {exc} "
                      "(set BUBBLECAST_DEBUG=1 for the traceback)", 1)
     if argv is None:
+        if args and args[0] in QUICK_EXIT and "--cluster" not in args:
+            _quick_exit(code)
         sys.exit(code)
     return code
+
+
+#: Commands that leave nothing for the interpreter to do at exit (no atexit work, no
+#: threads, files closed): the console entry skips the interpreter's teardown for them
+#: (~0.05 s of freeing pandas' and pyarrow's modules and the events).
+QUICK_EXIT: frozenset[str] = frozenset({"inspect", "whatif", "simulate"})
+
+
+def _quick_exit(code: int) -> None:
+    """Flush the output and logging, then end the process without the interpreter's
+    teardown (``os._exit``); an output that cannot be flushed leaves the usual exit."""
+    import logging
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    logging.shutdown()
+    os._exit(code)
