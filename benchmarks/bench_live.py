@@ -62,7 +62,7 @@ PHASES = ("gather_s", "decide_s", "broadcast_s")
 
 
 def train_config(steps: int, inject: str | None, run_id: str, hidden: int) -> Any:
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     return TrainConfig(model=ModelSpec(kind="mlp", layers=12, hidden=hidden), stages=2,
                        microbatches=4, schedule="1f1b", steps=steps, batch_size=64,
@@ -84,9 +84,9 @@ def worker(job_dir: Path) -> None:
     import torch.distributed as dist
 
     from bubblecast.policy.actions import Repartition
-    from bubblecast.runtime.config import TrainConfig
     from bubblecast.runtime.control.config import ControllerConfig
     from bubblecast.runtime.control.loop import Controller
+    from bubblecast.runtime.train_config import TrainConfig
     from bubblecast.runtime.trainer import Trainer, init_distributed
 
     job = json.loads((job_dir / "bench.json").read_text())

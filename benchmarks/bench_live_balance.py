@@ -60,7 +60,7 @@ LOSS_RTOL = 1e-4
 
 def train_config(setting: str, steps: int, seed: int, run_id: str,
                  inject: str | None = None) -> Any:
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     return TrainConfig(model=ModelSpec(**MODEL), **SETTINGS[setting], schedule="1f1b",
                        steps=steps, optimizer="adamw", lr=1e-3, seed=seed, run_id=run_id,
@@ -100,8 +100,8 @@ def worker(job_dir: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from bubblecast.runtime.config import TrainConfig
     from bubblecast.runtime.live_plan import LivePlanner
+    from bubblecast.runtime.train_config import TrainConfig
     from bubblecast.runtime.trainer import Trainer, init_distributed
 
     job = json.loads((job_dir / "bench.json").read_text())

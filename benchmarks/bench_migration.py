@@ -34,7 +34,7 @@ def worker(job_dir: Path) -> None:
     import torch
 
     from bubblecast.policy.actions import Repartition
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
     from bubblecast.runtime.trainer import Trainer, init_distributed
 
     job = json.loads((job_dir / "bench.json").read_text())

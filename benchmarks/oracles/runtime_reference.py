@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.networks import LayerModel, make_optimizer
+from bubblecast.runtime.train_config import TrainConfig
 
 
 class Reference:

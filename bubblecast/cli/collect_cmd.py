@@ -26,9 +26,9 @@ from bubblecast.errors import BubblecastError
 
 if TYPE_CHECKING:
     from bubblecast.runtime.checkpoint import CheckpointOptions
-    from bubblecast.runtime.config import TrainConfig
     from bubblecast.runtime.jobdir import TrainingFailed
     from bubblecast.runtime.launch import Nodes
+    from bubblecast.runtime.train_config import TrainConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,7 +129,7 @@ def train_config(out: Path, model: str, options: Mapping[str, Any],
     """The validated :class:`TrainConfig` of the events file ``out``, the example ``model``
     (``--model`` in ``collect``, ``--arch`` in ``run``) and the :data:`TRAIN_OPTIONS` values;
     ``more``: further config fields (``run``'s planner and cost model)."""
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     seq_len = options["seq_len"] if options["seq_len"] is not None else \
         DEFAULT_SEQ_LEN.get(model, 32)

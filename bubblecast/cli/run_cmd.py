@@ -35,7 +35,7 @@ from bubblecast.cli.common import emit_json
 from bubblecast.errors import BubblecastError
 
 if TYPE_CHECKING:
-    from bubblecast.runtime.config import TrainConfig
+    from bubblecast.runtime.train_config import TrainConfig
 
 #: What ``--service`` is asked through, injected into the runtime by import path (runtime never
 #: imports serve): the workers import it.

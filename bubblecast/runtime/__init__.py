@@ -6,9 +6,9 @@ worker (``trainer``, ``networks``, ``migration``, ``checkpoint``, ``recorder`` i
 their functions), so ``bubblecast --help`` stays fast.
 """
 
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.inject import Injection, parse_inject
 from bubblecast.runtime.plan import Plan, check_plan, even_partition, resolve_schedule
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
 __all__ = [
     "Injection", "ModelSpec", "Plan", "TrainConfig", "check_plan", "even_partition",

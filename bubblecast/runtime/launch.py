@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.config import TrainConfig
+from bubblecast.runtime.train_config import TrainConfig
 
 PROGRESS_PREFIX = "@@bubblecast-progress"
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bubblecast.runtime.config import ModelSpec
+from bubblecast.runtime.train_config import ModelSpec
 
 _LAYER_SALT = 1_000_003
 _DATA_SALT = 7_919

@@ -26,13 +26,13 @@ from torch import nn
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Action, action_from_json, action_to_json
 from bubblecast.runtime import checkpoint
-from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.migration import FaultHook, install_state
 from bubblecast.runtime.networks import LayerModel, make_optimizer
 from bubblecast.runtime.plan import Plan
 from bubblecast.runtime.record import ChunkLayers
 from bubblecast.runtime.record import record as record_schedule
 from bubblecast.runtime.recorder import merge_parts
+from bubblecast.runtime.train_config import TrainConfig
 from bubblecast.runtime.transition import apply_action
 from bubblecast.telemetry.schema import RunMeta
 

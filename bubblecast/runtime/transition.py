@@ -31,9 +31,9 @@ from bubblecast.policy.actions import (
     SetSchedule,
     action_to_json,
 )
-from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.migration import FaultHook, install_state, plan_moves, transfer
 from bubblecast.runtime.plan import Plan, check_plan, resolve_schedule
+from bubblecast.runtime.train_config import TrainConfig
 
 
 class Trainer(Protocol):

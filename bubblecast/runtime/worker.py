@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.launch import PROGRESS_PREFIX, die_with_parent
 from bubblecast.runtime.shutdown import exit_process
+from bubblecast.runtime.train_config import TrainConfig
 
 PROFILE_STEPS = 4
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import bubblecast.runtime.live_plan as live_plan
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.work_plan import WorkPlan
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.shutdown import exit_process
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.runtime.trainer import Trainer, init_distributed
 
 SPEC = ModelSpec(kind="packed", layers=4, hidden=8, seq_len=64, vocab=29, heads=2,

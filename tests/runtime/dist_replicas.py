@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from bubblecast.policy import work_plan
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.shutdown import exit_process
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.runtime.trainer import Trainer, init_distributed
 
 PACKED = ModelSpec(kind="packed", layers=4, hidden=8, seq_len=64, vocab=29, heads=2,

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from bubblecast.policy.actions import Repartition, SetMicrobatches, SetSchedule
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.plan import SCHEDULES
 from bubblecast.runtime.shutdown import exit_process
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.runtime.trainer import Trainer, init_distributed
 
 SPEC = ModelSpec(kind="gpt", layers=8, hidden=16, seq_len=8, vocab=32, heads=2, dtype="float64")

@@ -190,7 +190,7 @@ def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_pa
 # -- two processes ---------------------------------------------------------------------------
 def _reference_losses(steps: int) -> list[float]:
     from benchmarks.oracles.runtime_reference import Reference
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     config = TrainConfig(model=ModelSpec(kind="mlp", layers=8, hidden=32, dtype="float64"),
                          stages=2, microbatches=4, steps=steps, batch_size=16,
@@ -237,8 +237,8 @@ def test_reactive_moves_layers_on_both_ranks_at_one_boundary(
 @pytest.mark.dist
 def test_a_failing_or_hanging_forecaster_keeps_the_plan(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.control.job import launch_controlled
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the workers import the flaky forecaster
     steps = 30

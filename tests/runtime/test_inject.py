@@ -94,8 +94,8 @@ def test_device_delay_is_calibrated_and_waits_once_per_op_kind() -> None:
 def test_a_replica_slowdown_slows_every_rank_of_that_replica() -> None:
     """``replica=R`` (issue 25 item 4): one injection per rank of replica R once the stage
     count is known; the other replica untouched."""
-    from bubblecast.runtime.config import ModelSpec, TrainConfig
     from bubblecast.runtime.inject import expand_replicas, multiplier
+    from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
     (raw,) = parse_inject("replica=1,factor=1.5,start=3")
     assert raw.replica == 1 and raw.rank == -1

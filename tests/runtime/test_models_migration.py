@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from bubblecast.runtime.config import ModelSpec
 from bubblecast.runtime.migration import install_state, pack_layer, plan_moves, unpack_layer
 from bubblecast.runtime.networks import (
     build_layer,
@@ -13,6 +12,7 @@ from bubblecast.runtime.networks import (
     make_batch,
     make_optimizer,
 )
+from bubblecast.runtime.train_config import ModelSpec
 
 GPT = ModelSpec(kind="gpt", layers=5, hidden=16, seq_len=8, vocab=32, heads=2, dtype="float64")
 

@@ -11,9 +11,9 @@ import torch
 
 from bubblecast.errors import BubblecastError
 from bubblecast.runtime.balanced_sampler import global_token_loss, loss_tokens, packed_microbatch
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.networks import LayerModel
 from bubblecast.runtime.packed_gpt import document_positions, segments
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
 VOCAB = 31
 

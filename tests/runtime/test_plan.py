@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.plan import SCHEDULES, check_plan, even_partition, resolve_schedule
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
 
 def test_schedule_names_and_aliases() -> None:

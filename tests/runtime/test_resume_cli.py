@@ -81,7 +81,7 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(tmp_path: Path) -> None:
 
     from bubblecast.errors import BubblecastError
     from bubblecast.runtime.checkpoint import CheckpointOptions, step_dir
-    from bubblecast.runtime.config import ModelSpec
+    from bubblecast.runtime.train_config import ModelSpec
 
     model = asdict(ModelSpec(layers=4, hidden=16))
     for step in (10, 20):

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.oracles.runtime_reference import Reference
 from bubblecast.policy.actions import NoOp, Repartition, SetMicrobatches, SetSchedule
-from bubblecast.runtime.config import ModelSpec, TrainConfig
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.telemetry import read_events
 
 dist = torch.distributed

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bubblecast.runtime.config import ModelSpec, TrainConfig
 from bubblecast.runtime.plan import SCHEDULES
 from bubblecast.runtime.shutdown import exit_process
+from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.runtime.trainer import Trainer, init_distributed
 
 SPEC = ModelSpec(kind="gpt", layers=8, hidden=8, seq_len=4, vocab=16, heads=2, dtype="float32")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.config import TrainConfig
 from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from bubblecast.runtime.checkpoint import CheckpointOptions
