@@ -84,7 +84,7 @@ def worker(job_dir: Path) -> None:
     import torch.distributed as dist
 
     from bubblecast.policy.actions import Repartition
-    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.control.loop import Controller
     from bubblecast.runtime.train_config import TrainConfig
     from bubblecast.runtime.trainer import Trainer, init_distributed
@@ -128,7 +128,7 @@ def worker(job_dir: Path) -> None:
 
 
 def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
-    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.launch import failure_message, launch
 
     runs = {}
@@ -155,7 +155,7 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str
 
 # -- sequential: one `bubblecast run` launch per policy ----------------------------------------
 def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
-    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.control.job import launch_controlled
 
     out = {}

@@ -304,7 +304,7 @@ def live(demo: Demo) -> dict[str, Any]:
     loop (what ``bubblecast run --policy`` does): step times, throughput while slowed,
     actions, control overhead; the predictive policy forecasts with the champion."""
     from bubblecast.app.demo_report import ideal_speedup, plot_live, slowed_steps
-    from bubblecast.runtime.control.config import ControllerConfig
+    from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.control.job import launch_controlled, write_actions
     from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 

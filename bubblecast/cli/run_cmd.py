@@ -83,7 +83,7 @@ def run(
     if policy in WORK_POLICIES or arch == "packed" or options["replicas"] > 1:
         _run_planned(out, policy, model_uri, service, arch, actions_file, options)
         return
-    from bubblecast.runtime.control.config import ControllerConfig, check_controllable
+    from bubblecast.runtime.control.control_config import ControllerConfig, check_controllable
     from bubblecast.runtime.control.job import launch_controlled, write_actions
 
     config = train_config(out, arch, options)

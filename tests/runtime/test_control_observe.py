@@ -10,7 +10,7 @@ from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.policies import PolicyState, PredictivePolicy, ReactivePolicy
-from bubblecast.runtime.control.config import ControllerConfig, make_policy
+from bubblecast.runtime.control.control_config import ControllerConfig, make_policy
 from bubblecast.runtime.control.forecasters import load_forecaster
 from bubblecast.runtime.control.observe import (
     RawHistoryForecaster,

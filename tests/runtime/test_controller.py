@@ -18,7 +18,7 @@ import pytest
 
 from bubblecast.cli import main
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.control.forecasters import DeadlineRunner, ForecastUnavailable
 from bubblecast.runtime.control.observe import History, held_cost, pack, unpack
 

@@ -1,6 +1,6 @@
 """The closed-loop controller: observe -> decide -> broadcast -> apply at step boundaries.
 
-- :mod:`.config`: :class:`ControllerConfig` (validated up front, no torch);
+- :mod:`.control_config`: :class:`ControllerConfig` (validated up front, no torch);
 - :mod:`.observe`: per-step compute from the recorder's step hook, the rank-0 history and the
   robust speeds the policies read;
 - :mod:`.forecasters`: the predictive policy's forecaster, deadline-bounded;
@@ -11,6 +11,6 @@
   (``torchrun -m bubblecast.runtime.control.worker JOB_DIR``) and summarising it.
 """
 
-from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.control_config import ControllerConfig
 
 __all__ = ["ControllerConfig"]

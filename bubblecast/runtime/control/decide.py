@@ -26,7 +26,7 @@ import numpy as np
 from bubblecast.policy.actions import Repartition, action_to_json
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.decision import Decision
-from bubblecast.runtime.control.config import ControllerConfig, make_policy
+from bubblecast.runtime.control.control_config import ControllerConfig, make_policy
 from bubblecast.runtime.control.forecasters import (
     CachingForecaster,
     DeadlineRunner,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.train_config import TrainConfig
 
 if TYPE_CHECKING:

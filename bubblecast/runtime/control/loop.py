@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from bubblecast.policy.actions import Action, Repartition
 from bubblecast.policy.decision import Decision
-from bubblecast.runtime.control.config import ControllerConfig
+from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending
 from bubblecast.runtime.control.observe import StepProbe, pack
 from bubblecast.runtime.trainer import Trainer, broadcast_action

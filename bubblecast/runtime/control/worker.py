@@ -21,7 +21,7 @@ class ControlHook:
     """The worker's step hook: the controller after each step, A/B blocks, step end times."""
 
     def __init__(self, trainer: Any, job: dict[str, Any]) -> None:
-        from bubblecast.runtime.control.config import ControllerConfig
+        from bubblecast.runtime.control.control_config import ControllerConfig
         from bubblecast.runtime.control.forecasters import import_object
         from bubblecast.runtime.control.loop import Controller
 
