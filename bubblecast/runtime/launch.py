@@ -1,7 +1,7 @@
 """Launching a training job under torchrun on this machine, from the CLI or from tests.
 
 A job is a directory holding ``job.json`` (the :class:`TrainConfig` plus output settings);
-``python -m torch.distributed.run --standalone --nproc-per-node P -m bubblecast.runtime.worker
+``python -m torch.distributed.run --standalone --nproc-per-node P -m bubblecast.runtime.train_worker
 JOB_DIR`` runs it. Workers write telemetry parts, a per-rank error file when they fail, and
 rank 0 writes ``summary.json``. Rank 0 prints progress lines on stdout, which :func:`launch`
 turns into a rich progress bar on stderr; everything torchrun prints goes to ``torchrun.log``.
@@ -49,7 +49,7 @@ def write_job(job_dir: str | Path, config: TrainConfig, *, out: str | None = Non
     return path
 
 
-WORKER = "bubblecast.runtime.worker"
+WORKER = "bubblecast.runtime.train_worker"
 #: Seconds a node without rank 0 waits for rank 0's summary after its own ranks finished.
 SUMMARY_WAIT_S = 60.0
 

@@ -128,7 +128,7 @@ def _rank_pid(job_dir: Path, rank: int) -> int | None:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(job_dir).encode() in cmd and b"bubblecast.runtime.worker" in cmd \
+        if str(job_dir).encode() in cmd and b"bubblecast.runtime.train_worker" in cmd \
                 and f"RANK={rank}".encode() in env:
             return int(proc.name)
     return None
@@ -221,7 +221,7 @@ def test_failure_message_names_rank_and_signal(tmp_path: Path) -> None:
     from bubblecast.runtime.launch import failure_message
 
     log = tmp_path / "torchrun.log"
-    banner = "=" * 54 + "\nbubblecast.runtime.worker FAILED\n" + "-" * 54 + "\nFailures:\n"
+    banner = "=" * 54 + "\nbubblecast.runtime.train_worker FAILED\n" + "-" * 54 + "\nFailures:\n"
     log.write_text(banner + _summary(0, -15, "  (SIGTERM)") + "-" * 54
                    + "\nRoot Cause (first observed failure):\n" + _summary(1, -9, "  (SIGKILL)")
                    + "=" * 54 + "\n")

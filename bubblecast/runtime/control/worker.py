@@ -1,6 +1,6 @@
 """Worker of a controlled run: ``torchrun ... -m bubblecast.runtime.control.worker JOB_DIR``.
 
-:mod:`bubblecast.runtime.worker` (scripted actions, telemetry merged into ``out`` by rank 0,
+:mod:`bubblecast.runtime.train_worker` (scripted actions, telemetry merged into ``out`` by rank 0,
 ``summary.json``, ``error-rank{r}.txt`` on failure) with a :class:`Controller` after every
 step, as its step hook. ``job.json`` carries ``control`` (a :class:`ControllerConfig`),
 optionally ``ab_block`` (control on for blocks of that many steps, off for the next: overhead
@@ -51,7 +51,7 @@ class ControlHook:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bubblecast.runtime.worker import main as worker_main
+    from bubblecast.runtime.train_worker import main as worker_main
 
     return worker_main(argv, make_hook=ControlHook,
                        usage="python -m bubblecast.runtime.control.worker JOB_DIR")

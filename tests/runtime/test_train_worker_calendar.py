@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from bubblecast.dataset.covariates import _calendar
-from bubblecast.runtime.worker import checkpoint_calendar
+from bubblecast.runtime.train_worker import checkpoint_calendar
 
 
 def test_evenly_spaced_checkpoints_become_a_calendar_the_dataset_reads() -> None:

@@ -1,4 +1,4 @@
-"""Worker entry point: ``python -m torch.distributed.run ... -m bubblecast.runtime.worker JOB_DIR``.
+"""Worker entry point: ``torchrun ... -m bubblecast.runtime.train_worker JOB_DIR``.
 
 Runs the job in ``JOB_DIR/job.json`` (see :func:`bubblecast.runtime.launch.write_job`) on this
 rank: scripted actions before their steps, checkpoints, telemetry merged into ``out`` by
@@ -154,7 +154,7 @@ def profiler(config: TrainConfig, rank: int) -> Any:
 
 
 def main(argv: list[str] | None = None, *, make_hook: HookFactory | None = None,
-         usage: str = "python -m bubblecast.runtime.worker JOB_DIR") -> int:
+         usage: str = "python -m bubblecast.runtime.train_worker JOB_DIR") -> int:
     """Run ``JOB_DIR`` (the one argument); on failure write ``error-rank{r}.txt``, return 1."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
