@@ -120,10 +120,15 @@ def _layers_per_group(frame: pd.DataFrame, inverse: np.ndarray, n: int) -> np.nd
     column = frame["layers"]
     per = np.full(n, -np.inf)
     if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iu":  # no nulls: as is
-        np.maximum.at(per, inverse, column.to_numpy())
-        return np.where(np.isfinite(per), per, np.nan)
-    values = column.to_numpy(dtype=np.float64, na_value=np.nan)
-    np.maximum.at(per, inverse, np.nan_to_num(values, nan=-np.inf))
+        values = column.to_numpy()
+    else:
+        values = np.nan_to_num(column.to_numpy(dtype=np.float64, na_value=np.nan), nan=-np.inf)
+    # A rank holds one layer count at a step: one value per group is its maximum (a scatter
+    # and a check, not maximum.at's slow unbuffered loop over every event)
+    per[inverse] = values
+    if not (per[inverse] == values).all():
+        per[:] = -np.inf
+        np.maximum.at(per, inverse, values)
     return np.where(np.isfinite(per), per, np.nan)
 
 
@@ -242,7 +247,11 @@ def step_series(events: Events) -> pd.DataFrame:
         raise BubblecastError("events: no compute ops (F, B, W) to build a dataset from")
     if not isinstance(comp["run_id"].dtype, pd.CategoricalDtype):
         comp = comp.assign(run_id=comp["run_id"].astype("category"))
-    comp = comp.assign(run_id=comp["run_id"].cat.remove_unused_categories())
+    runs = comp["run_id"].cat
+    codes = runs.codes.to_numpy()
+    if not codes.size or codes.min() < 0 or (np.bincount(codes, minlength=len(
+            runs.categories)) == 0).any():
+        comp = comp.assign(run_id=runs.remove_unused_categories())  # (a sort of every code)
     inverse, keys = _group_codes(comp)
     n = len(keys)
     compute_s = np.bincount(inverse, weights=comp["duration_s"].to_numpy(), minlength=n)
