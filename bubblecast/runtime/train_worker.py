@@ -7,7 +7,7 @@ job keys: ``parts`` (the folder of telemetry parts in ``JOB_DIR``), ``resume`` (
 to start from), ``until`` (the step to stop at; default: ``config.steps`` more steps) and
 ``origin_wall`` (the clock of an earlier attempt). A failing rank writes
 ``error-rank{r}.txt`` (a one-line reason, then the traceback) and exits 1. A
-:class:`StepHook` (the closed-loop controller of :mod:`bubblecast.runtime.control.worker`)
+:class:`StepHook` (the closed-loop controller of :mod:`bubblecast.runtime.control.control_worker`)
 can run around every step and add to the summary.
 """
 

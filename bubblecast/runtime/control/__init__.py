@@ -7,8 +7,8 @@
 - :mod:`.decide`: rank 0's :class:`~.decide.Decider` (the policy's ``Decision``, recorded as
   it is; an external decider such as a prediction service is injected by import path);
 - :mod:`.loop`: the collective :class:`~.loop.Controller` (torch; inside workers only);
-- :mod:`.job` / :mod:`.worker`: launching a controlled run
-  (``torchrun -m bubblecast.runtime.control.worker JOB_DIR``) and summarising it.
+- :mod:`.job` / :mod:`.control_worker`: launching a controlled run
+  (``torchrun -m bubblecast.runtime.control.control_worker JOB_DIR``) and summarising it.
 """
 
 from bubblecast.runtime.control.control_config import ControllerConfig

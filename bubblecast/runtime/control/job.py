@@ -3,7 +3,7 @@
 :func:`launch_controlled` writes the job (train config, controller config, scripted actions,
 the external decider's import path) into ``OUT.partial`` beside ``out`` (kept with the
 telemetry so far when training fails: :mod:`bubblecast.runtime.jobdir`), runs
-``python -m bubblecast.runtime.control.worker`` under torchrun, and
+``python -m bubblecast.runtime.control.control_worker`` under torchrun, and
 returns rank 0's summary plus derived figures; :func:`write_actions` writes the decisions and
 applied actions as one JSON document, atomically. No torch import here.
 """
@@ -22,7 +22,7 @@ from bubblecast.runtime.train_config import TrainConfig
 if TYPE_CHECKING:
     from bubblecast.runtime.checkpoint import CheckpointOptions
 
-WORKER = "bubblecast.runtime.control.worker"
+WORKER = "bubblecast.runtime.control.control_worker"
 Progress = Callable[[int, int, float | None], None]
 
 

@@ -1,4 +1,4 @@
-"""Worker of a controlled run: ``torchrun ... -m bubblecast.runtime.control.worker JOB_DIR``.
+"""A controlled run's worker: ``torchrun ... -m bubblecast.runtime.control.control_worker JOB_DIR``.
 
 :mod:`bubblecast.runtime.train_worker` (scripted actions, telemetry merged into ``out`` by rank 0,
 ``summary.json``, ``error-rank{r}.txt`` on failure) with a :class:`Controller` after every
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from bubblecast.runtime.train_worker import main as worker_main
 
     return worker_main(argv, make_hook=ControlHook,
-                       usage="python -m bubblecast.runtime.control.worker JOB_DIR")
+                       usage="python -m bubblecast.runtime.control.control_worker JOB_DIR")
 
 
 if __name__ == "__main__":
