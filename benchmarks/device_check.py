@@ -48,7 +48,7 @@ def _recorder_ms(fn: Any, reps: int, device: Any, *, timer: Any = None,
                  inject: str | None = None) -> list[float]:
     """F durations (ms) of ``reps`` calls of ``fn`` as the recorder records them."""
     from bubblecast.runtime.inject import parse_inject
-    from bubblecast.runtime.recorder import Recorder
+    from bubblecast.runtime.rank_recorder import Recorder
     from bubblecast.telemetry.schema import RunMeta
 
     rec = Recorder(run_id="check", rank=0, stage=0, origin_wall=0.0, meta_fn=RunMeta,

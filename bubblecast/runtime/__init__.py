@@ -2,7 +2,7 @@
 live layer migration, partition-independent checkpoints and slowdown emulation.
 
 Nothing here imports torch at module import time except the modules that only run inside a
-worker (``trainer``, ``networks``, ``migration``, ``checkpoint``, ``recorder`` import it inside
+worker (``trainer``, ``networks``, ``migration``, ``checkpoint``, ``rank_recorder`` import it inside
 their functions), so ``bubblecast --help`` stays fast.
 """
 

@@ -10,7 +10,7 @@
 Every rank wraps the stages its schedule holds (any torch schedule class: ``Schedule1F1B``,
 ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS``,
 ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) with the
-same :class:`~bubblecast.runtime.recorder.Recorder` the built-in trainer uses, and writes
+same :class:`~bubblecast.runtime.rank_recorder.Recorder` the built-in trainer uses, and writes
 validated SPEC ``events`` parts to ``out/run_id=<run_id>/rank<r>-<k>.parquet`` from a
 background thread (atomic writes). Each ``schedule.step(...)`` call is one step; the step
 ends when the next one begins, at :meth:`Recording.end_step`, or when the block exits
@@ -41,7 +41,7 @@ from bubblecast.errors import BubblecastError
 from bubblecast.runtime.clock import ClockEstimate, estimate_offsets, wall_clock
 from bubblecast.runtime.inject import Injection, parse_inject
 from bubblecast.runtime.parts import Work, document_work
-from bubblecast.runtime.recorder import Recorder
+from bubblecast.runtime.rank_recorder import Recorder
 from bubblecast.telemetry.schema import RunMeta
 
 _MISSING = object()

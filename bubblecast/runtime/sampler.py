@@ -15,7 +15,7 @@ training thread's hot path: :meth:`DeviceSampler.request` only queues the step):
   at every step of the rank (it is what a real device would report).
 
 Known-future rows (``tokens`` announced by the training loop) are added by the recorder
-itself (:meth:`bubblecast.runtime.recorder.Recorder.announce_tokens`).
+itself (:meth:`bubblecast.runtime.rank_recorder.Recorder.announce_tokens`).
 """
 
 from __future__ import annotations

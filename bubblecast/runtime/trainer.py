@@ -29,9 +29,9 @@ from bubblecast.runtime import checkpoint
 from bubblecast.runtime.migration import FaultHook, install_state
 from bubblecast.runtime.networks import LayerModel, make_optimizer
 from bubblecast.runtime.plan import Plan
+from bubblecast.runtime.rank_recorder import merge_parts
 from bubblecast.runtime.record import ChunkLayers
 from bubblecast.runtime.record import record as record_schedule
-from bubblecast.runtime.recorder import merge_parts
 from bubblecast.runtime.train_config import TrainConfig
 from bubblecast.runtime.transition import apply_action
 from bubblecast.telemetry.schema import RunMeta

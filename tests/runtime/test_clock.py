@@ -107,7 +107,7 @@ def test_injected_skew_is_removed_within_the_measured_uncertainty(
 
 def test_the_recorder_reestimates_every_k_steps_and_shifts_rows_from_then_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from bubblecast.runtime import recorder as rec_mod
+    from bubblecast.runtime import rank_recorder as rec_mod
     from bubblecast.telemetry.schema import RunMeta
 
     shifts = iter([2.0, 3.0])

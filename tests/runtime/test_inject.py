@@ -64,7 +64,7 @@ def test_device_delay_is_calibrated_and_waits_once_per_op_kind() -> None:
     rate is calibrated, each (chunk, op) waits once for its own time, later ones follow the
     latest measured time without waiting."""
     from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
-    from tests.runtime.test_recorder import HZ, FakeBackend
+    from tests.runtime.test_rank_recorder import HZ, FakeBackend
 
     backend = FakeBackend()
     timer = EventTimer(backend)

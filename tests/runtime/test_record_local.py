@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bubblecast.errors import BubblecastError
+from bubblecast.runtime.rank_recorder import Recorder
 from bubblecast.runtime.record import (
     Recording,
     RecordOptions,
@@ -15,7 +16,6 @@ from bubblecast.runtime.record import (
     schedule_name,
     stages_of,
 )
-from bubblecast.runtime.recorder import Recorder
 from bubblecast.telemetry.schema import RunMeta
 
 

@@ -147,7 +147,7 @@ def test_checkpoint_resumes_under_another_plan(tmp_path: Path) -> None:
 
 
 def test_sleep_emulation_is_proportional(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bubblecast.runtime import recorder as rec_mod
+    from bubblecast.runtime import rank_recorder as rec_mod
     from bubblecast.runtime.inject import parse_inject
     from bubblecast.telemetry.schema import RunMeta
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.recorder import Recorder, StepView
+from bubblecast.runtime.rank_recorder import Recorder, StepView
 from bubblecast.telemetry.schema import RunMeta
 
 
@@ -200,7 +200,7 @@ def test_device_timing_step_hook_and_layer_costs_read_device_time() -> None:
 
 
 def test_device_slowdown_delays_the_stream_not_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bubblecast.runtime import recorder as rec_mod
+    from bubblecast.runtime import rank_recorder as rec_mod
     from bubblecast.runtime.inject import parse_inject
 
     def no_host_sleep(seconds: float) -> None:
