@@ -102,6 +102,8 @@ ABOUT = {
               "local Dask cluster.", "Fleet"),
     "read": ("`read_events` and `bubblecast dataset` on 10.24M events, this code against an "
              "older one.", "Reading"),
+    "peers": ("bubblecast beside its peers on the same work: features against mlforecast, "
+              "`whatif` and `simulate` end to end against bare imports.", None),
     "balance": ("Planning each step's packed documents (packing, order, micro-batches per "
                 "replica) on simulated runs: static, token balancing, the learned cost model "
                 "and the oracle; a slow replica; outlier delay; decision time.",
@@ -666,11 +668,41 @@ def r_balance(doc: dict) -> list[str]:
     return lines + table(["speeds", "median ms", "p90 ms"], rows)
 
 
+def r_peers(doc: dict) -> list[str]:
+    f, c = doc["features"], doc["commands"]
+    m = f["median_s"]
+    versions = ", ".join(f"{k} {v}" for k, v in f["peer_versions"].items())
+    lines = [f"Medians of {doc['rounds']} rounds, order rotated every round; load average "
+             f"{fmt(doc.get('load_before'), '.2f')} -> {fmt(doc.get('load_after'), '.2f')}; "
+             f"peers: {versions}.", ""]
+    rows = [("56 features shared with mlforecast, 2 threads", fmt(m["bubblecast_56_t2"], ".3f"),
+             fmt(m["mlforecast_56_t2"], ".3f"), fmt(f["speedup_vs_mlforecast"], ".2f") + "x"),
+            ("the same, 1 thread", fmt(m["bubblecast_56_t1"], ".3f"),
+             fmt(m["mlforecast_56_t1"], ".3f"),
+             fmt(m["mlforecast_56_t1"] / m["bubblecast_56_t1"], ".2f") + "x"),
+            ("whole `build_features` (every feature and target), 2 threads",
+             fmt(m["bubblecast_all_t2"], ".3f"), "", "")]
+    lines += [f"Features of {f['events']:,} events ({f['series_rows']:,} series rows); values "
+              f"checked on {f['check']['rows_compared']:,} rows: max relative difference "
+              f"{f['check']['max_rel_diff']:.1e}.", ""]
+    lines += table(["what", "bubblecast s", "mlforecast `preprocess` s", "speed-up"], rows)
+    ms, sim = c["median_s"], c["simulate"]
+    rows = [("`whatif trace-ST --json`", fmt(ms["whatif"], ".3f"),
+             f"`import pandas, pyarrow.parquet` {fmt(ms['imports'], '.3f')} s",
+             fmt(c["whatif_over_imports"], ".2f") + "x the imports")]
+    rows += [(f"`simulate`, {v['events']:,} events", fmt(ms[k], ".3f"),
+              f"the bare imports allow {fmt(v['imports_floor_events_per_s'] / 1e6, '.2f')} M/s",
+              f"{fmt(v['events_per_s'] / 1e6, '.2f')} M events/s") for k, v in sim.items()]
+    lines += ["Commands end to end, new interpreters:", ""]
+    return lines + table(["command", "s", "floor", "result"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
     "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
+    "peers": r_peers,
 }
 
 
@@ -802,6 +834,13 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     def engine(d: dict) -> str:
         return f"{d['cold_speedup_min']['opmajor']:.0f}x or more"
 
+    def peers(d: dict) -> str:
+        f, c = d["features"], d["commands"]
+        v = f["peer_versions"]
+        return (f"features {f['speedup_vs_mlforecast']:.2f}x mlforecast {v['mlforecast']}'s "
+                f"`preprocess` (2 threads); `whatif` {c['whatif_over_imports']:.2f}x the bare "
+                f"pandas+pyarrow import")
+
     def balance(d: dict) -> str:
         a, b = (d["regimes"][k]["mean"] for k in ("a", "b"))
         return (f"(a) balance {a['balance']['speedup']:.3f}x, tokens "
@@ -818,6 +857,7 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("balance.json", "Per-step work planning on packed documents over the data loader's "
         "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
         "replicas, simulated)", balance)
+    add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
         f"`--cluster local:{d['workers']}` against in process ({d['cpus']} cores)", fleet)

@@ -107,23 +107,26 @@ class BubbleForecast:
     instances (cloned at fit). ``horizons``,
     ``windows`` and ``lags`` configure the dataset as ``bubblecast dataset`` does; ``seed``
     seeds every model given by kind and the evaluation's cross-fitting; ``format`` is the input
-    format of paths given as runs.
+    format of paths given as runs; ``n_jobs``: threads that build the features (scikit-learn's
+    convention: None or -1 every core, -2 all but one); the values do not depend on it.
     """
 
     def __init__(self, models: Sequence[str | Forecaster] = ("lgbm",),
                  horizons: Sequence[int] = (1, 5, 10), windows: Sequence[int] = (5, 20, 60),
-                 lags: int = 32, seed: int = 0, format: str = "auto") -> None:
+                 lags: int = 32, seed: int = 0, format: str = "auto",
+                 n_jobs: int | None = None) -> None:
         self.models = models
         self.horizons = horizons
         self.windows = windows
         self.lags = lags
         self.seed = seed
         self.format = format
+        self.n_jobs = n_jobs
 
     # -- scikit-learn style parameters ------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("models", "horizons", "windows", "lags", "seed",
-                                              "format")}
+                                              "format", "n_jobs")}
 
     def set_params(self, **params: Any) -> BubbleForecast:
         for key, value in params.items():
@@ -155,7 +158,8 @@ class BubbleForecast:
         from bubblecast.dataset.builder import build_dataset
 
         config = getattr(self, "dataset_config_", None) or self.dataset_config()
-        return build_dataset(as_events(runs, self.format), config, sources=_sources(runs))
+        return build_dataset(as_events(runs, self.format), config, sources=_sources(runs),
+                             n_jobs=self.n_jobs)
 
     def _unfitted(self) -> list[Forecaster | CostModel]:
         from bubblecast.forecast.base import Forecaster
@@ -201,7 +205,8 @@ class BubbleForecast:
         config = getattr(self, "dataset_config_", None) or self.dataset_config()
         dataset: dict[str, Any] = {"runs": len(events.run_ids)}
         if forecasters:
-            frame, meta = build_dataset(events, config, sources=_sources(runs))
+            frame, meta = build_dataset(events, config, sources=_sources(runs),
+                                        n_jobs=self.n_jobs)
             n_runs = int(frame["run_id"].nunique())
             for model in forecasters:
                 need = MIN_RUNS.get(model.kind, 1)
