@@ -217,7 +217,8 @@ def parse_actions(items: list[str] | None) -> list[dict]:
 @with_train_options()
 def collect(
     out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
-    model: str = typer.Option("mlp", "--model", help="Example model: mlp or gpt."),
+    model: str = typer.Option("mlp", "--model", help="Example model: mlp, gpt or packed (a "
+                              "small GPT on packed documents, attention per document)."),
     **options: Any,
 ) -> None:
     """Train a pipeline under torchrun on this machine and write its events file."""

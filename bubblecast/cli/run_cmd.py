@@ -61,11 +61,10 @@ def default_actions_path(out: Path) -> Path:
                      "assumes equal layers).")
 def run(
     out: Path = typer.Option(..., "--out", help="Events Parquet file to write."),
-    policy: str = typer.Option("static", "--policy", help="static, reactive or predictive."),
-    model_uri: str | None = typer.Option(
-        None, "--model",
-        help="Forecaster of the predictive policy, served in process: a model directory or a "
-        "models:/ URI. Default: the policy's built-in trend forecaster."),
+    policy: str = typer.Option("static", "--policy", help="static, reactive, predictive; "
+                               "tokens or balance (--arch packed: documents planned)."),
+    model_uri: str | None = typer.Option(None, "--model", help="Predictive's forecaster or "
+                                         "balance's cost model: a directory or models:/ URI."),
     service: str | None = typer.Option(
         None, "--service", help="URL of a running `bubblecast serve` to ask for actions "
         "(/v1/recommend) instead; fail-open: no answer in time keeps the current plan."),
@@ -75,8 +74,8 @@ def run(
     actions_file: Path | None = typer.Option(
         None, "--actions", help="Actions JSON to write (default: OUT's stem + .actions.json)."),
     arch: str = typer.Option("mlp", "--arch",
-                             help="Example model: mlp or gpt (collect's --model; here --model "
-                                  "names the forecaster)."),
+                             help="Example model: mlp, gpt or packed (collect's --model; here "
+                                  "--model names the forecaster or cost model)."),
     **options: Any,
 ) -> None:
     """Train a pipeline here with a policy acting live; write events and actions."""
