@@ -65,7 +65,7 @@ def _dataset_rounds(tmp: Path, a: argparse.Namespace, result: dict) -> None:
     """``--repeat`` rounds of dataset in process, then on the cluster (joined over tcp)."""
     from distributed import Client
 
-    from bubblecast.telemetry.cluster import local_cluster
+    from bubblecast.execution import local_cluster
 
     t0 = time.perf_counter()
     with local_cluster(a.workers) as cl, Client(cl) as client:  # as `--cluster local:N`

@@ -89,7 +89,7 @@ def _partitioned(runs: list[Path], out: str, config: object, format: str, cluste
                  skip_bad: bool, json_out: bool, jobs: int) -> dict:
     """Features built run by run (on Dask with ``cluster``) into a dataset partitioned by run."""
     from bubblecast.dataset.fleet import build_partitioned
-    from bubblecast.telemetry.cluster import executor, note_skipped
+    from bubblecast.execution import executor, note_skipped
 
     with executor(cluster, progress=not json_out) as ex:
         summary = build_partitioned(runs, out, config, ex, format=format, skip_bad=skip_bad,
@@ -104,7 +104,7 @@ def _in_process(runs: list[Path], out: str, config: object, format: str, skip_ba
     from bubblecast.dataset import build_dataset, write_features
     from bubblecast.dataset.builder import load_for_dataset
     from bubblecast.errors import BubblecastError
-    from bubblecast.telemetry.cluster import load_runs
+    from bubblecast.execution import load_runs
     from bubblecast.telemetry.events import Events
     from bubblecast.telemetry.importers import require_per_op, timing_of
 

@@ -40,10 +40,10 @@ def evaluate(
     for a cost model, its error on events' compute ops."""
     from bubblecast.cli.dataset_cmd import progress_notes
     from bubblecast.errors import BubblecastError
+    from bubblecast.execution import note_skipped
     from bubblecast.forecast.cost_model import CostModel
     from bubblecast.forecast.cost_modeldir import load_any_model
     from bubblecast.forecast.evaluation_run import check_fleet_options, run_evaluation
-    from bubblecast.telemetry.cluster import note_skipped
 
     check_fleet_options(cluster, skip_bad_runs)
     with progress_notes(not json_out) as note:

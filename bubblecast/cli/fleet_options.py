@@ -40,7 +40,7 @@ def local_analysis(file: Path | str, format: str, run: str | None, skip_bad: boo
 
     if not skip_bad and not is_fleet(file):
         return BubbleAnalysis(file, format, run_id=run), None
-    from bubblecast.telemetry.cluster import load_runs
+    from bubblecast.execution import load_runs
 
     events, skipped = load_runs([file], format, skip_bad=skip_bad, run=run, quiet=quiet)
     return BubbleAnalysis(events, format, run_id=run), (skipped if skip_bad else None)
@@ -74,7 +74,7 @@ def analyse(cluster: str, file: Path, format: str, run: str | None, method: str,
     """``inspect``/``whatif`` with ``--cluster``: the run's analysis as one task on a Dask
     worker (of a fleet, only that run's directory is read there); runs skipped there are
     listed here (stderr) and in the result (``skipped_runs``, with ``skip_bad``)."""
-    from bubblecast.telemetry.cluster import executor, note_skipped
+    from bubblecast.execution import executor, note_skipped
 
     absolute = [(name, str(Path(path).absolute()), steps) for name, path, steps in outputs or []]
     with executor(cluster, progress=False) as ex:

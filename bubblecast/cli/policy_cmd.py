@@ -109,8 +109,8 @@ def _mapped(runs: list[Path], names: list[str], config: object, format: str,
     """policy-eval unit by unit (a fleet run by run; on Dask with ``cluster``), reduced here:
     the same report as the in-process path, plus ``skipped_runs`` with ``--skip-bad-runs``."""
     from bubblecast.errors import BubblecastError
+    from bubblecast.execution import executor, note_skipped
     from bubblecast.policy.policy_evaluation import KNOWN, combine, evaluate_unit
-    from bubblecast.telemetry.cluster import executor, note_skipped
     from bubblecast.telemetry.fleet import units_of
 
     bad = [n for n in names if n not in KNOWN]

@@ -47,9 +47,9 @@ def train(
 
     from bubblecast.cli.dataset_cmd import progress_notes
     from bubblecast.errors import BubblecastError
+    from bubblecast.execution import note_skipped
     from bubblecast.forecast.modeldir import COST_KIND
     from bubblecast.forecast.training import train_model
-    from bubblecast.telemetry.cluster import note_skipped
 
     if alias and not register:
         raise BubblecastError("--alias needs --register NAME")

@@ -170,7 +170,7 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
 
     from bubblecast.dataset.splits import split_runs
     from bubblecast.dataset.store import partition_files, read_features_meta
-    from bubblecast.telemetry.cluster import executor
+    from bubblecast.execution import executor
 
     files = [f.absolute() for f in partition_files(features, meta)]
     cols = ["run_id", "scenario"] if "scenario" in pq.read_schema(files[0]).names \
@@ -232,7 +232,7 @@ def predictions_on_cluster(features: Path, meta: Any, refs: dict[str, str],
     """``evaluate --cluster``: every model's forecasts computed part by part on Dask, in the
     row order of :func:`bubblecast.dataset.store.read_features` on the same dataset."""
     from bubblecast.dataset.store import partition_files
-    from bubblecast.telemetry.cluster import executor
+    from bubblecast.execution import executor
 
     files = [str(f.absolute()) for f in partition_files(features, meta)]
     with executor(cluster) as ex:

@@ -30,7 +30,7 @@ def cluster() -> str:
     import dask
 
     # one retry after a worker dies running a task (Dask's default is 3): keeps the test short
-    from bubblecast.telemetry.cluster import local_cluster
+    from bubblecast.execution import local_cluster
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         cl = local_cluster(2)
@@ -71,7 +71,7 @@ def test_a_failed_map_returns_once_its_running_tasks_stopped(cluster: str,
     output) is not raced by a late write."""
     from distributed import Client
 
-    from bubblecast.telemetry.cluster import DaskExecutor
+    from bubblecast.execution import DaskExecutor
 
     with Client(cluster) as client:
         with pytest.raises(ZeroDivisionError):
@@ -276,7 +276,7 @@ def test_evaluate_on_dask_equals_in_process(fleet: Path, tmp_path: Path, cluster
 
 
 def test_killed_worker_is_retried_or_one_line(tmp_path: Path, cluster: str) -> None:
-    from bubblecast.telemetry.cluster import executor
+    from bubblecast.execution import executor
 
     with executor(cluster, progress=False) as ex:
         assert ex.map(_die_once, [str(tmp_path / "marker")]) == [7]
@@ -312,7 +312,7 @@ def test_local_cluster_dashboard_answers(capsys: pytest.CaptureFixture[str]) -> 
     import re
     import urllib.request
 
-    from bubblecast.telemetry.cluster import executor
+    from bubblecast.execution import executor
 
     pytest.importorskip("bokeh")
     with executor("local:1", progress=False):
