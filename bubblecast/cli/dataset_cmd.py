@@ -88,7 +88,7 @@ def dataset(
 def _partitioned(runs: list[Path], out: str, config: object, format: str, cluster: str | None,
                  skip_bad: bool, json_out: bool, jobs: int) -> dict:
     """Features built run by run (on Dask with ``cluster``) into a dataset partitioned by run."""
-    from bubblecast.dataset.fleet import build_partitioned
+    from bubblecast.dataset.fleet_build import build_partitioned
     from bubblecast.execution import executor, note_skipped
 
     with executor(cluster, progress=not json_out) as ex:

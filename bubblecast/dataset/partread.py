@@ -1,7 +1,7 @@
 """Reading a features dataset partitioned by run one part at a time.
 
 ``train``/``evaluate`` read such a dataset whole (:func:`read_parts`, what
-:func:`bubblecast.dataset.fleet.read_features_skipping` returns); ``train --model seq``, whose
+:func:`bubblecast.dataset.fleet_build.read_features_skipping` returns); ``train --model seq``, whose
 fit streams the parts itself, only scans it (:func:`scan_runs`: each part is read and checked,
 its run, scenario and row count kept, the table dropped, so no more than one part is held) and
 then reads the held-out runs alone (:func:`read_runs`). Either way an unreadable part fails

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from bubblecast.dataset.fleet import read_features_skipping
+from bubblecast.dataset.fleet_build import read_features_skipping
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.baselines import BASELINES
 from bubblecast.forecast.cost_model import CostModel

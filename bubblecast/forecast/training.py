@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bubblecast.dataset.fleet import read_features_skipping
+from bubblecast.dataset.fleet_build import read_features_skipping
 from bubblecast.dataset.splits import split_runs
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.modeldir import make_model, save_model

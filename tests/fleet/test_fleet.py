@@ -127,7 +127,7 @@ def test_append_is_atomic_and_refuses_a_present_run(fleet: Path, tmp_path: Path)
 @pytest.fixture
 def several_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Groups of several runs (one group per worker), so a task reads runs at once."""
-    monkeypatch.setattr("bubblecast.dataset.fleet.GROUPS_PER_WORKER", 1)
+    monkeypatch.setattr("bubblecast.dataset.fleet_build.GROUPS_PER_WORKER", 1)
 
 
 def _corrupt(fleet: Path, run: str) -> Path:
@@ -325,7 +325,7 @@ def test_local_cluster_dashboard_answers(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_features_with_a_bad_part_fail_naming_the_run_or_skip_it(fleet: Path,
                                                                  tmp_path: Path) -> None:
-    from bubblecast.dataset.fleet import read_features_skipping
+    from bubblecast.dataset.fleet_build import read_features_skipping
     from bubblecast.dataset.store import read_features
 
     feat = tmp_path / "feat"
