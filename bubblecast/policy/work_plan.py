@@ -22,12 +22,11 @@ How (:func:`plan_batch`):
    lowers the slowest replica's time.
 3. **Order** within each replica: the candidate orders (as packed, ascending, cheapest at
    both ends) are timed with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan's
-   predicted step time is its slowest replica's. Where step 1 gives uneven counts, the plan
-   with equal counts is made too and the one steptime predicts faster is kept (the replica
-   model ignores the token budget, which can keep fast replicas from taking more load).
+   predicted step time is its slowest replica's.
 
-If packing cannot place a document (no micro-batch has room), the plan falls back to the data
-loader's packing and says so in :attr:`WorkPlan.fallback` -- never silently.
+If packing with uneven counts leaves a document no room, equal counts are packed instead; if
+that fails too (no micro-batch has room), the plan falls back to the data loader's packing
+and says so in :attr:`WorkPlan.fallback` -- never silently.
 :func:`plan_static` is the data loader's own plan (sequential first-fit, in order, replica
 ``r`` taking micro-batches ``r*M .. r*M+M-1``).
 """
@@ -415,11 +414,9 @@ def plan_batch(lengths: Sequence[int] | np.ndarray, config: PlanConfig,
     s = _speeds(speeds, config.replicas, config.stages)
     equal = [config.microbatches] * config.replicas
     counts = replica_counts(s.max(axis=1), config)
-    best = None
-    for option in ([counts] if counts == equal else [counts, equal]):
-        got = _planned(x, config, cost, s, option)
-        if got is not None and (best is None or got[2] < best[2] - 1e-12):
-            best = got
+    best = _planned(x, config, cost, s, counts)
+    if best is None and counts != equal:  # uneven counts left a document no room
+        best = _planned(x, config, cost, s, equal)
     if best is None:
         try:
             static = plan_static(x, config, cost)
