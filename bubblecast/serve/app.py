@@ -1,19 +1,19 @@
 """The FastAPI application of ``bubblecast serve``.
 
 :func:`create_app` wires a :class:`~bubblecast.serve.predictor.Predictor` (or a source to load
-one from at start-up) to the routes. A pure-ASGI guard in front of every route checks the
-bearer token (constant-time), caps the request body (Content-Length and the bytes actually
-streamed) and records Prometheus metrics. Forecasts run directly on the event loop, since a
-forecast is a bounded sub-millisecond computation and a thread hop would cost more than it
-saves; a recommendation (the policy's solver and timing engine, up to about a second for the
-largest request the schema allows) and a step's work plan (``POST /v1/plan``, the planner of
-``bubblecast.plan_batch``, about 0.5 s at the largest) run in the thread pool so the loop keeps
-answering. Planning needs no forecasting model (no 503); ``cost: "served"`` uses the cost
-model the app was created with. A
-well-formed ``POST /v1/forecast`` is answered by the guard itself from the buffered body
-(pydantic parses the JSON; no routing or dependency solving); anything it declines goes to the
-FastAPI route, so errors and the OpenAPI schema stay the route's. Reloads run in a worker
-thread and swap the model in one assignment.
+one from at start-up) to the routes. A pure-ASGI guard in front of every route checks the bearer
+token (constant-time), caps the request body (Content-Length and the bytes actually streamed)
+and records Prometheus metrics. Forecasts run directly on the event loop, since a forecast is a
+bounded sub-millisecond computation and a thread hop would cost more than it saves; a
+recommendation (the policy's solver and timing engine) and a step's work plan (``POST
+/v1/plan``, the planner of ``bubblecast.plan_batch``), which can take long for the largest
+requests the schema allows, run in the thread pool so the loop keeps answering. Planning needs
+no forecasting model (no 503); ``cost: "served"`` uses the cost model the app was created with.
+A well-formed ``POST /v1/forecast``, and a well-formed ``POST /v1/plan`` of at most
+:data:`FAST_PLAN_BYTES`, is answered by the guard itself from the buffered body (pydantic parses
+the JSON; no routing or dependency solving); anything it declines goes to the FastAPI route, so
+errors and the OpenAPI schema stay the route's. Reloads run in a worker thread and swap the
+model in one assignment.
 """
 
 from __future__ import annotations
@@ -78,10 +78,10 @@ class ServeConfig:
 
 def settle_heap() -> None:
     """Collect once, then move every object alive now (modules, the model) out of the
-    cyclic collector's reach (``gc.freeze``). A full collection over them takes ~50 ms on
-    this service's heap, and one lands every few thousand requests: a pause that every
-    request queued behind it sees in its latency. Objects made later are collected as usual
-    (the first model's own cyclic garbage, if any, stays after a reload)."""
+    cyclic collector's reach (``gc.freeze``). A full collection over them is a pause, and
+    one lands every few thousand requests: every request queued behind it would see it.
+    Objects made later are collected as usual (the first model's own cyclic garbage, if any,
+    stays after a reload)."""
     gc.collect()
     gc.freeze()
 
@@ -126,6 +126,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "invalid request; `field` names the field"},
 }
 
+
+#: Plan requests up to this many body bytes (about 3,000 documents) are answered on the event
+#: loop (see fast_plan); larger ones (up to 16,384 documents) in the thread pool.
+FAST_PLAN_BYTES = 16 * 1024
 
 _FIELD = re.compile(r"^-{0,2}([A-Za-z_][\w.\[\]]*): (.*)$", re.DOTALL)
 
@@ -235,8 +239,8 @@ def _routes(app: FastAPI, svc: Service, metrics: Metrics, expected: bytes | None
         predictor = svc.predictor
         if predictor is None:
             return _unready()
-        # Up to ~1 s of policy work (8 stages, 1,024 layers, 1,024 microbatches): in the
-        # thread pool, so probes and forecasts keep being answered meanwhile.
+        # Policy work can be long for large plans: in the thread pool, so probes and
+        # forecasts keep being answered meanwhile.
         return _json(await run_in_threadpool(predictor.recommend, request))
 
     @app.post("/v1/plan", response_model=PlanResponse, responses=_ERRORS)
@@ -340,6 +344,18 @@ def create_app(predictor: Predictor | None = None, *, source: str | None = None,
         except Exception:  # noqa: BLE001 - the route repeats it and answers with the error
             return None
 
+    def fast_plan(body: bytes) -> bytes | None:
+        """``/v1/plan`` for a valid request of at most :data:`FAST_PLAN_BYTES` (a few thousand
+        documents: milliseconds of planning, answered on the event loop without the thread
+        pool's hand-offs); None (the route answers, in the thread pool) on anything else."""
+        if len(body) > FAST_PLAN_BYTES:
+            return None
+        try:
+            return plan_json(PlanRequest.model_validate_json(body), cost_model)
+        except Exception:  # noqa: BLE001 - the route repeats it and answers with the error
+            return None
+
     app.add_middleware(Guard, metrics=metrics, token=config.token,
-                       max_body_bytes=config.max_body_bytes, fast={"/v1/forecast": fast_forecast})
+                       max_body_bytes=config.max_body_bytes,
+                       fast={"/v1/forecast": fast_forecast, "/v1/plan": fast_plan})
     return app

@@ -54,6 +54,32 @@ def test_the_endpoint_answers_what_plan_batch_answers(plan_client, extra):
     PlanResponse.model_validate(r.json())
 
 
+def test_small_bodies_on_the_event_loop_large_ones_in_the_thread_pool(plan_client, monkeypatch):
+    """Both paths answer the same plan; which one ran is told by the route's own call."""
+    import bubblecast.serve.app as app_module
+
+    routed = []
+    real = app_module.run_in_threadpool
+
+    async def counting(fn, *args):
+        routed.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(app_module, "run_in_threadpool", counting)
+    small = _request(lengths=_lengths(16, 5, kind="lognormal"), replicas=2, microbatches=8)
+    large = _request(lengths=_lengths(640, 6, budget=4096, kind="lognormal"),
+                     token_budget=4096, replicas=8, microbatches=80)
+    import json
+
+    size = [len(json.dumps(r, separators=(",", ":"))) for r in (small, large)]
+    assert size[0] < app_module.FAST_PLAN_BYTES < size[1]
+    for req in (small, large):
+        r = plan_client.post("/v1/plan", json=req)
+        assert r.status_code == 200, r.text
+        assert r.json() == _library(req)
+    assert routed == ["plan_json"]  # the large body only
+
+
 def test_the_served_cost_model_is_used_for_cost_served(plan_client):
     req = _request(cost="served")
     r = plan_client.post("/v1/plan", json=req)
