@@ -52,9 +52,7 @@ def simulate(
     """Simulate a pipeline schedule and write its events."""
     from bubblecast.errors import BubblecastError
     from bubblecast.sim.documents import DEFAULT_ATTENTION_SHARE, DEFAULT_TOKEN_BUDGET
-    from bubblecast.sim.simulator import SimConfig, simulate_events, simulate_fleet
-    from bubblecast.telemetry.fleet import is_directory_target
-    from bubblecast.telemetry.io import write_events
+    from bubblecast.sim.simulator import SimConfig, write_simulation
 
     given = {name: value for name, value in (("--f", f), ("--b", b), ("--w", w))
              if value is not None}
@@ -73,15 +71,9 @@ def simulate(
         token_budget=DEFAULT_TOKEN_BUDGET if token_budget is None else token_budget,
         attention_share=DEFAULT_ATTENTION_SHARE if attention_share is None else attention_share,
     )
-    if is_directory_target(out):  # a fleet, written a run at a time
-        run_ids, n_events = simulate_fleet(config, out)
-    else:
-        events = simulate_events(config)
-        write_events(events, out)
-        run_ids, n_events = list(events.runs), len(events)
-    from bubblecast.sim.device_metrics import write_simulated_metrics
-
-    write_simulated_metrics(config, out)  # device metrics beside the events, when any
+    # events (a fleet directory: a run at a time), then device metrics beside them when any;
+    # no pandas unless a scenario draws device metrics
+    run_ids, n_events = write_simulation(config, out)
     if json_out:
         emit_json({"out": str(out), "runs": len(run_ids), "run_ids": run_ids,
                    "events": n_events})

@@ -36,6 +36,18 @@ def _buffer(name: str, shape: tuple[int, int]) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-d array without NaN, by a sort: ``np.unique`` asks
+    ``np.ma.is_masked`` first, and importing ``numpy.ma`` costs ~0.01 s of a command."""
+    ordered = np.sort(values)
+    if ordered.size < 2:
+        return ordered
+    keep = np.empty(ordered.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 @dataclass
 class _Level:
     """One topological level: positions ``[lo, hi)`` and, per op, the rows of ``E`` whose
@@ -56,10 +68,21 @@ class _Plan:
     order: np.ndarray  # position -> op
     lags: np.ndarray  # distinct nonzero lag multipliers
     levels: list[_Level]
+    _no_comm: list[np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def origin_row(self) -> int:
         return (len(self.lags) + 1) * len(self.order)
+
+    def no_comm_preds(self) -> list[np.ndarray]:
+        """Each level's ``preds`` for a communication time of 0, where every arrival is its
+        source's end (``end + lag x 0`` is ``end`` exactly: ends are never -0.0): rows into
+        an ``E`` of the ``n`` end rows and the origin (row ``n``), no arrival rows."""
+        if self._no_comm is None:
+            n = len(self.order)
+            self._no_comm = [np.where(lv.preds == self.origin_row, n, lv.preds % n)
+                             for lv in self.levels]
+        return self._no_comm
 
 
 @dataclass
@@ -77,6 +100,8 @@ class OpGraph:
     deps: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
     dep_lag: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     _plan: _Plan | None = field(default=None, init=False, repr=False, compare=False)
+    _levels: list[np.ndarray] | None = field(default=None, init=False, repr=False,
+                                             compare=False)
 
     def __post_init__(self) -> None:
         self.rank = np.asarray(self.rank, dtype=np.int64)
@@ -102,7 +127,13 @@ class OpGraph:
         return len(self.rank)
 
     def levels(self) -> list[np.ndarray]:
-        """Ops grouped by longest-path depth; raises ValueError on a cycle."""
+        """Ops grouped by longest-path depth (computed once per graph; the arrays are shared,
+        not to be modified); raises ValueError on a cycle."""
+        if self._levels is None:
+            self._levels = self._find_levels()
+        return self._levels
+
+    def _find_levels(self) -> list[np.ndarray]:
         n = self.n_ops
         has_prev = self.prev >= 0
         src = np.concatenate([self.prev[has_prev], self.deps[:, 0]])
@@ -125,7 +156,7 @@ class OpGraph:
             offsets = np.repeat(lo - np.cumsum(lengths) + lengths, lengths)
             nxt = dst_sorted[offsets + np.arange(total)]
             np.subtract.at(indeg, nxt, 1)
-            cand = np.unique(nxt)
+            cand = sorted_unique(nxt)
             frontier = cand[indeg[cand] == 0]
         if seen != n:
             raise ValueError("OpGraph: the dependencies form a cycle (a deadlocked schedule)")
@@ -144,7 +175,7 @@ def _build_plan(graph: OpGraph) -> _Plan:
     order = np.concatenate(levels) if levels else np.zeros(0, dtype=np.int64)
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n)
-    lags = np.unique(graph.dep_lag[graph.dep_lag != 0])
+    lags = sorted_unique(graph.dep_lag[graph.dep_lag != 0])
     origin = (len(lags) + 1) * n
     first = np.where(graph.prev >= 0, inv[np.maximum(graph.prev, 0)], origin)  # by op
     # Each dependency as a row of E: its source's end, or its arrival for a nonzero lag.
@@ -169,8 +200,9 @@ def _build_plan(graph: OpGraph) -> _Plan:
 
 
 #: Rows are timed in blocks of about this many (row, op) cells, so that a block's op-major
-#: working arrays stay small; tuned on 8-stage, 16-microbatch schedules (1000+ rows).
-BLOCK_CELLS = 1 << 20
+#: working arrays stay small (a few MB: the first touch of fresh memory costs as much as the
+#: arithmetic); tuned on 8-stage, 16- and 32-microbatch schedules (5,000-20,000 rows).
+BLOCK_CELLS = 1 << 18
 
 
 def simulate(graph: OpGraph, durations: np.ndarray, comm: float | np.ndarray = 0.0,
@@ -210,38 +242,47 @@ def simulate(graph: OpGraph, durations: np.ndarray, comm: float | np.ndarray = 0
     return start.T, end.T
 
 
-def simulate_rows(graph: OpGraph, op_major: np.ndarray, comm: float = 0.0,
-                  dur_rows: np.ndarray | None = None) -> np.ndarray:
+def simulate_rows(graph: OpGraph, durations: np.ndarray, comm: float = 0.0,
+                  dur_rows: np.ndarray | None = None, *, row_major: bool = False) -> np.ndarray:
     """Start times as a C-ordered ``(batch, ops)`` array from op-major ``(ops, batch)``
-    durations: the events table's row order, filled block by block while each block is in
-    cache (no full-size ``end`` array, no full-size transposition afterwards). With
-    ``dur_rows`` (``(batch, ops)``, C-ordered) the durations are copied there row-major too.
-    Same times as :func:`simulate` (``simulate(graph, op_major.T, comm)[0]``)."""
-    op_major = np.asarray(op_major, dtype=np.float64)
-    n, batch = op_major.shape
+    durations (``row_major``: C-ordered ``(batch, ops)`` ones, the events table's order):
+    filled block by block while each block is in cache (no full-size ``end`` array, no
+    full-size transposition). With ``dur_rows`` (``(batch, ops)``, C-ordered) op-major
+    durations are copied there row-major too. Same times as :func:`simulate`
+    (``simulate(graph, op_major.T, comm)[0]``)."""
+    durations = np.asarray(durations, dtype=np.float64)
+    if row_major:
+        durations = np.ascontiguousarray(durations)
+        if dur_rows is not None:
+            raise ValueError("dur_rows: the durations are row-major already")
+    batch, n = durations.shape if row_major else durations.shape[::-1]
     if n != graph.n_ops:
         raise ValueError(f"durations have {n} ops, the graph {graph.n_ops}")
     comm_row = np.full(batch, float(comm))
-    if op_major.size and (op_major.min() < 0 or float(comm) < 0):
+    if durations.size and (durations.min() < 0 or float(comm) < 0):
         raise ValueError("durations and comm must be >= 0")
     plan = graph.plan()
     out = np.empty((batch, n))
     block = max(16, BLOCK_CELLS // max(n, 1))
     pad = block + 8  # row stride off a power of two: the tiled transpositions stay in cache
     zero = np.zeros(block)
+    no_comm = float(comm) == 0.0  # arrivals are ends: no arrival rows in E
     for lo in range(0, batch, block):
         hi = min(batch, lo + block)
         w = hi - lo
-        dur = np.take(op_major[:, lo:hi], plan.order, axis=0, mode="clip",
-                      out=_buffer("dur", (n, w)))
+        if row_major:
+            dur = _buffer("dur", (n, w))
+            _transpose_into(dur, durations[lo:hi], plan.order)
+        else:
+            dur = np.take(durations[:, lo:hi], plan.order, axis=0, mode="clip",
+                          out=_buffer("dur", (n, w)))
         start = _buffer("rows_start", (n, pad))[:, :w]
-        end = _buffer("rows_end", (n, pad))[:, :w]
-        _run_block(plan, dur, comm_row[lo:hi], zero[:w], start, end)
+        _run_block(plan, dur, comm_row[lo:hi], zero[:w], start, None, no_comm=no_comm)
         for t in range(0, w, TRANSPOSE_TILE):
             u = min(w, t + TRANSPOSE_TILE)
             np.copyto(out[lo + t:lo + u], start[:, t:u].T)
             if dur_rows is not None:
-                np.copyto(dur_rows[lo + t:lo + u], op_major[:, lo + t:lo + u].T)
+                np.copyto(dur_rows[lo + t:lo + u], durations[:, lo + t:lo + u].T)
     return out
 
 
@@ -263,20 +304,30 @@ def _transpose_into(dst: np.ndarray, src: np.ndarray, order: np.ndarray) -> None
 
 
 def _run_block(plan: _Plan, dur: np.ndarray, comm_row: np.ndarray, origin_row: np.ndarray,
-               start: np.ndarray, end: np.ndarray) -> None:
-    """Fill op-major ``start`` and ``end`` (``(ops, rows)``, the graph's op order) of one block
-    from level-ordered op-major durations; each level's rows are written while in cache."""
+               start: np.ndarray, end: np.ndarray | None, *, no_comm: bool = False) -> None:
+    """Fill op-major ``start`` and ``end`` (``(ops, rows)``, the graph's op order; ``end``
+    None: not wanted) of one block from level-ordered op-major durations; each level's rows
+    are written while in cache. ``no_comm``: ``comm_row`` is all 0, so ``E`` holds no arrival
+    rows (:meth:`_Plan.no_comm_preds`), the same times."""
     n, rows = dur.shape
-    shifts = [lag * comm_row for lag in plan.lags]
-    E = _buffer("E", (plan.origin_row + 1, rows))
-    E[plan.origin_row] = origin_row
-    for lv in plan.levels:
-        lo, hi, preds = lv.lo, lv.hi, lv.preds
+    if no_comm:
+        shifts: list[np.ndarray] = []
+        E = _buffer("E", (n + 1, rows))
+        E[n] = origin_row
+        all_preds = plan.no_comm_preds()
+    else:
+        shifts = [lag * comm_row for lag in plan.lags]
+        E = _buffer("E", (plan.origin_row + 1, rows))
+        E[plan.origin_row] = origin_row
+        all_preds = [lv.preds for lv in plan.levels]
+    for lv, preds in zip(plan.levels, all_preds, strict=True):
+        lo, hi = lv.lo, lv.hi
         ready = E[preds[:, 0]]
         for c in range(1, preds.shape[1]):
             np.maximum(ready, E[preds[:, c]], out=ready)
         start[lv.ops] = ready
         np.add(ready, dur[lo:hi], out=E[lo:hi])
-        end[lv.ops] = E[lo:hi]
+        if end is not None:
+            end[lv.ops] = E[lo:hi]
         for j, shift in enumerate(shifts, 1):
             np.add(E[lo:hi], shift, out=E[j * n + lo:j * n + hi])

@@ -6,7 +6,10 @@ times it with one engine call and writes one row per compute op. Columns beyond 
 required ones: ``layers`` (layers the rank holds, summed over its chunks), ``tokens``
 (``seqlen`` scenarios and document runs), ``tokens_sq`` and ``documents`` (document runs) and
 ``speed`` (the rank's ground-truth slowdown factor at that step). ``start_s`` counts from each
-step's origin (0 = the step's first op), shared by all ranks.
+step's origin (0 = the step's first op), shared by all ranks. The rows are built as numpy
+columns (:func:`simulate_arrays`, a :class:`~bubblecast.telemetry.fastwrite.EventArrays`):
+:func:`simulate_events` makes them a pandas frame, while ``bubblecast simulate``
+(:func:`write_simulation`) writes them as they are, without importing pandas.
 
 Document runs (``documents``, SPEC §3 "Work balancing"): run ``k``'s global batches come from
 ``draw_batches`` seeded from (``seed``, ``k``) alone (the same under any scenario or partition),
@@ -36,19 +39,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.sim import documents as packing
 from bubblecast.sim.documents import DocumentSource, WorkCost
 from bubblecast.sim.engine import simulate_rows
 from bubblecast.sim.scenarios import Mixed, RunShape, Scenario, make_scenario
-from bubblecast.sim.schedules import ScheduleGraph, check_schedule
+from bubblecast.sim.schedules import ScheduleGraph, check_schedule, schedule_graph
 from bubblecast.sim.shape import PipelineShape
-from bubblecast.sim.steptime import shape_graph
 from bubblecast.sim.workload import (
     PartitionSpec,
     Workload,
@@ -56,8 +57,17 @@ from bubblecast.sim.workload import (
     partition_matrix,
     stage_costs,
 )
-from bubblecast.telemetry.events import Events
-from bubblecast.telemetry.schema import OPS, RunMeta
+from bubblecast.telemetry.fastwrite import (
+    EventArrays,
+    Periodic,
+    Values,
+    code_dtype,
+    write_event_arrays,
+)
+from bubblecast.telemetry.schema import RunMeta
+
+if TYPE_CHECKING:
+    from bubblecast.telemetry.events import Events
 
 
 @dataclass(frozen=True)
@@ -174,12 +184,12 @@ NOISE_CELLS = 1 << 18
 
 
 def _apply_noise(seed: int, k: int, sigma: float, out: np.ndarray) -> None:
-    """Multiply op-major ``out`` ``(ops, steps, replicas)`` by lognormal noise (mean 1),
-    drawn in ``(steps, replicas, ops)`` order, as always: the same values."""
+    """Multiply row-major ``out`` ``(steps, replicas, ops)`` by lognormal noise (mean 1),
+    drawn in that order, as always: the same values."""
     if sigma <= 0:
         return
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), k, 1]))
-    n, steps, replicas = out.shape
+    steps, replicas, n = out.shape
     chunk = max(1, NOISE_CELLS // max(1, replicas * n))
     for lo in range(0, steps, chunk):
         hi = min(steps, lo + chunk)
@@ -187,9 +197,7 @@ def _apply_noise(seed: int, k: int, sigma: float, out: np.ndarray) -> None:
         noise *= sigma
         noise -= sigma * sigma / 2
         np.exp(noise, out=noise)
-        for a in range(0, n, 64):  # 64 ops at a time: the transposed reads of a
-            part = noise[:, :, a:a + 64]  # power-of-two stride would thrash the cache
-            out[a:a + 64, lo:hi] *= part.transpose(2, 0, 1)
+        out[lo:hi] *= noise
 
 
 @dataclass(frozen=True)
@@ -228,8 +236,9 @@ def document_work(config: SimConfig, k: int) -> DocumentWork | None:
 
 def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np.ndarray,
                out: np.ndarray, docs: DocumentWork | None) -> tuple[Any, Workload]:
-    """Fill ``out`` with run ``k``'s durations in ms, op-major ``(ops, steps, replicas)`` (the
-    engine's layout: it then times them without a transposition); its draw and workload."""
+    """Fill ``out`` with run ``k``'s durations in ms, row-major ``(steps, replicas, ops)``
+    (the events table's order: the ``duration_s`` column itself once in seconds; the engine
+    reorders small blocks as it times them); its draw and workload."""
     p, steps, replicas = config.stages, config.steps, config.replicas
     scenario = config.scenario_for(k)
     draw = scenario.draw(RunShape(steps, p, replicas, config.microbatches))
@@ -237,25 +246,27 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
         per_stage = stage_costs(workload, np.array([[workload.n_layers]]))[0, 0] / p
         workload = workload.with_extra_last(tuple(draw.last_stage_extra * per_stage))
     costs = stage_costs(workload, parts)  # (steps, S, 3)
-    # Per (virtual stage, kind) rows over the steps, kind 3 = B + W (a backward without a W
-    # op carries W): one gather builds the op-major base costs, no full-size temporaries.
-    table = np.empty((costs.shape[1], 4, steps))
-    table[:, :3] = costs.transpose(1, 2, 0)
-    table[:, 3] = table[:, 1] + table[:, 2]
-    base = table[sg.virtual_stage, np.where(sg.fused, 3, sg.kind)]  # (ops, steps)
-    speed = np.ascontiguousarray(draw.speed.reshape(steps, replicas, p).transpose(2, 0, 1))
+    # Per step, (virtual stage, kind) costs, kind 3 = B + W (a backward without a W op
+    # carries W): one gather builds every op's base cost per step, straight into ``out``.
+    table = np.empty((steps, costs.shape[1], 4))
+    table[:, :, :3] = costs
+    table[:, :, 3] = table[:, :, 1] + table[:, :, 2]
+    flat = sg.virtual_stage * 4 + np.where(sg.fused, 3, sg.kind)
+    np.take(table.reshape(steps, -1), flat, axis=1, out=out[:, 0], mode="clip")
+    out[:, 1:] = out[:, :1]  # every replica starts from the same base costs
+    speed = draw.speed.reshape(steps, replicas, p)
     bounds = np.flatnonzero(np.diff(sg.stage)) + 1
     if (np.diff(sg.stage) >= 0).all():  # lane order: each rank's ops are one slice
         for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(sg.stage)], strict=True):
-            np.multiply(base[a:b, :, None], speed[sg.stage[a]][None], out=out[a:b])
+            out[:, :, a:b] *= speed[:, :, sg.stage[a], None]
     else:
-        np.multiply(base[:, :, None], speed[sg.stage], out=out)
+        out *= speed[:, :, sg.stage]
     if draw.work is not None and docs is not None:
         raise BubblecastError(f"--scenario {scenario.name}: draws its own micro-batch work, "
                               f"which --documents sets; choose another scenario")
     work = draw.work if docs is None else docs.work  # (steps, replicas, M)
     if work is not None:
-        out *= np.ascontiguousarray(work.transpose(2, 0, 1))[sg.microbatch]
+        out *= work[:, :, sg.microbatch]
     _apply_noise(config.base_seed, k, draw.noise_sigma, out)
     return (scenario, draw), workload
 
@@ -277,87 +288,161 @@ def _partition_steps(parts: np.ndarray) -> list[list[Any]]:
 
 def simulate_events(config: SimConfig) -> Events:
     """Simulate ``config`` and return the events of its ``runs`` runs (see the module doc)."""
-    sg = shape_graph(config.shape)
+    from bubblecast.telemetry.events import Events
+    from bubblecast.telemetry.validate import normalize_frame
+
+    arrays = simulate_arrays(config)
+    return Events(normalize_frame(arrays.to_frame()), arrays.runs)
+
+
+def simulate_arrays(config: SimConfig) -> EventArrays:
+    """The events :func:`simulate_events` returns, as numpy columns (no pandas): what
+    ``simulate`` writes (:func:`~bubblecast.telemetry.fastwrite.write_event_arrays`)."""
+    return _simulate(config)[0]
+
+
+def _simulate(config: SimConfig) -> tuple[EventArrays, list[Any]]:
+    """The events of ``config``'s runs and each run's scenario draw.
+
+    The columns that follow from the schedule alone (run, step, rank, ..., layers) are built
+    on a worker thread while this one draws and times the durations: both are mostly numpy
+    loops that release the GIL, so on two cores they overlap (same arrays either way)."""
+    sg = schedule_graph(config.schedule, config.stages, config.microbatches, config.chunks)
     p, v, steps, replicas = config.stages, config.chunks, config.steps, config.replicas
     base_workload = config.workload()
     parts = partition_matrix(config.partition, steps, base_workload.n_layers, p, v,
                              config.schedule)
     n, runs = sg.graph.n_ops, config.runs
-    dur = np.empty((n, runs, steps, replicas))  # op-major: the engine's layout
+    total = runs * steps * replicas * n
+    structure = _Background(_structure_columns, sg, parts, runs, steps, replicas) \
+        if total >= PARALLEL_ROWS else None
+    dur = np.empty((runs, steps, replicas, n))  # the rows' order
     metas, draws, docs = {}, [], []
     for i, run_id in enumerate(config.run_ids()):
         k = config.first_run + i
         work = document_work(config, k)
-        (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[:, i],
+        (scenario, draw), workload = _durations(config, sg, k, base_workload, parts, dur[i],
                                                 work)
         draws.append(draw)
         docs += [] if work is None else [work]
         metas[run_id] = _run_meta(config, k, scenario, draw, workload, parts, work)
         _record_placement(metas[run_id], sg)
-    dur_s = dur.reshape(n, -1)
-    dur_s /= 1000.0
-    # Rows in (run, step, replica, op) order; the engine fills start times and the row-major
-    # durations block by block (no full-size transposition, no unused end times).
+    shape = (steps, replicas, config.microbatches)
+    work = _Background(_work_columns, sg, draws, docs, shape) if structure is not None \
+        else None
+    dur /= 1000.0
+    # Rows in (run, step, replica, op) order; the engine fills start times block by block
+    # (no full-size transposition, no unused end times).
+    start = simulate_rows(sg.graph, dur.reshape(-1, n), config.comm / 1000.0, row_major=True)
+    columns = structure.result() if structure is not None \
+        else _structure_columns(sg, parts, runs, steps, replicas)
+    columns["start_s"] = start.reshape(total)
+    columns["duration_s"] = dur.reshape(total)
+    columns["layers"] = columns.pop("layers")  # after the required columns, as always
+    extra, nulls = work.result() if work is not None \
+        else _work_columns(sg, draws, docs, shape)
+    columns.update(extra)
+    return EventArrays(columns, metas, nulls), draws
+
+
+#: Simulations of at least this many rows build their schedule columns on a worker thread.
+PARALLEL_ROWS = 1 << 16
+
+
+class _Background:
+    """``fn(*args)`` on a daemon thread; :meth:`result` joins it and returns (or raises)."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        import threading
+
+        self._out: list[Any] = []
+        self._error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._out.append(fn(*args))
+            except BaseException as exc:  # handed to result()
+                self._error.append(exc)
+
+        self._thread = threading.Thread(target=run, name="bubblecast-sim", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._out[0]
+
+
+def _structure_columns(sg: ScheduleGraph, parts: np.ndarray, runs: int, steps: int,
+                       replicas: int) -> dict[str, Values]:
+    """The columns that follow from the schedule and partition alone, rows in (run, step,
+    replica, op) order: ``run_id`` codes, ``step``, ``rank``, ``stage``, ``replica``,
+    ``chunk``, ``microbatch``, ``op`` codes and ``layers``; those that repeat every step
+    (every run's, one run's ``run_id``; ``layers`` under one partition) as
+    :class:`~bubblecast.telemetry.fastwrite.Periodic` columns of one step's rows."""
+    n, p = sg.graph.n_ops, sg.schedule.stages
     rows_per_run = steps * replicas * n
     total = runs * rows_per_run
-    dur_rows = np.empty((runs * steps * replicas, n))
-    start = simulate_rows(sg.graph, dur_s, config.comm / 1000.0, dur_rows)
-    del dur, dur_s
 
-    def tiled(row: np.ndarray, dtype: type) -> np.ndarray:
-        """``row`` (one value per op, or ``(replicas, ops)``) repeated for every row."""
+    def per_step(row: np.ndarray, dtype: type) -> Periodic:
+        """``row`` (one value per op, or ``(replicas, ops)``) in every step."""
         row = np.asarray(row, dtype=dtype).reshape(-1)
-        return np.broadcast_to(row, (total // row.size, row.size)).reshape(total)
+        return Periodic(np.tile(row, replicas * n // row.size), total)
 
     replica_op = np.repeat(np.arange(replicas, dtype=np.int32), n)
-    stage = tiled(sg.stage, np.int32)
     layers_rank = np.zeros((steps, p), dtype=np.int32)  # (steps, P): each rank's chunks
     np.add.at(layers_rank.T, sg.rank_of_vstage, parts.T)
-    code_type = np.int8 if runs < 128 else np.int32
-    frame = pd.DataFrame({
-        "run_id": pd.Categorical.from_codes(
-            np.broadcast_to(np.arange(runs, dtype=code_type)[:, None], (runs, rows_per_run))
-            .reshape(total), categories=list(metas)),
+    if (layers_rank == layers_rank[0]).all():
+        layers: Values = per_step(layers_rank[0, sg.stage], np.int32)
+    else:  # (runs, steps, replicas, ops) by broadcasting: no per-row multi-array indexing
+        layers = np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n)
+                                 ).reshape(total)
+    return {
+        "run_id": Periodic(np.zeros(1, code_dtype(1)), total) if runs == 1 else
+        np.broadcast_to(np.arange(runs, dtype=code_dtype(runs))[:, None],
+                        (runs, rows_per_run)).reshape(total),
         "step": np.broadcast_to(np.arange(steps, dtype=np.int64)[None, :, None],
                                 (runs, steps, replicas * n)).reshape(total),
-        "rank": tiled(replica_op * p + np.tile(sg.stage, replicas), np.int32),
-        "stage": stage,
-        "replica": tiled(replica_op, np.int32),
-        "chunk": tiled(sg.chunk, np.int32),
-        "microbatch": tiled(sg.microbatch, np.int32),
-        "op": pd.Categorical.from_codes(tiled(sg.kind, np.int8), categories=list(OPS)),
-        "start_s": start.reshape(total),
-        "duration_s": dur_rows.reshape(total),
-        # (runs, steps, replicas, ops) by broadcasting: no per-row multi-array indexing
-        "layers": np.broadcast_to(layers_rank[:, None, sg.stage], (runs, steps, replicas, n))
-        .reshape(total),
-    }, copy=False)  # copy=False: no consolidation copy of same-dtype columns into 2D blocks
-    _add_work_columns(frame, sg, draws, docs, (steps, replicas, config.microbatches))
-    speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
-    frame["speed"] = speed.reshape(runs, steps, replicas, p)[..., sg.stage].reshape(total)
-    from bubblecast.telemetry.validate import normalize_frame
-
-    return Events(normalize_frame(frame), metas)
+        "rank": per_step(replica_op * p + np.tile(sg.stage, replicas), np.int32),
+        "stage": per_step(sg.stage, np.int32),
+        "replica": per_step(replica_op, np.int32),
+        "chunk": per_step(sg.chunk, np.int32),
+        "microbatch": per_step(sg.microbatch, np.int32),
+        "op": per_step(sg.kind, np.int8),  # codes into OPS: F, B, W are 0, 1, 2
+        "layers": layers,
+    }
 
 
-def _add_work_columns(frame: pd.DataFrame, sg: Any, draws: list[Any], docs: list[DocumentWork],
-                      shape: tuple[int, int, int]) -> None:
-    """Per compute op (rows in (run, step, replica, op) order): document runs' ``tokens``,
-    ``tokens_sq``, ``documents``, or ``seqlen``'s ``tokens`` (null where a run has none)."""
+def _work_columns(sg: Any, draws: list[Any], docs: list[DocumentWork],
+                  shape: tuple[int, int, int]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The columns after ``layers`` (rows in (run, step, replica, op) order) and the null
+    masks of the integer ones (nullable integers in a frame, even without nulls): document
+    runs' ``tokens``, ``tokens_sq``, ``documents``, or ``seqlen``'s ``tokens`` (null where a
+    run has none), then ``speed``."""
+    steps, replicas, _ = shape
+    runs, n, p = len(draws), sg.graph.n_ops, sg.schedule.stages
+    total = runs * steps * replicas * n
 
     def per_op(cube: np.ndarray) -> np.ndarray:  # (runs, steps, replicas, M) -> one per row
-        return cube[..., sg.microbatch].reshape(len(frame))
+        return cube[..., sg.microbatch].reshape(total)
 
+    columns, nulls = {}, {}
     if docs:
-        frame["tokens"] = pd.array(per_op(np.stack([d.tokens for d in docs])), dtype="Int64")
-        frame["tokens_sq"] = per_op(np.stack([d.tokens_sq for d in docs]))
-        frame["documents"] = pd.array(per_op(np.stack([d.documents for d in docs]))
-                                      .astype(np.int32), dtype="Int32")
+        columns["tokens"] = per_op(np.stack([d.tokens for d in docs])).astype(np.int64)
+        columns["tokens_sq"] = per_op(np.stack([d.tokens_sq for d in docs]))
+        columns["documents"] = per_op(np.stack([d.documents for d in docs])).astype(np.int32)
+        nulls = {"tokens": np.zeros(total, bool), "documents": np.zeros(total, bool)}
     elif any(d.tokens is not None for d in draws):
         # Runs without token counts get nulls (unknown), never 0 tokens.
-        tok = np.stack([np.full(shape, np.nan) if d.tokens is None
-                        else d.tokens.astype(np.float64) for d in draws])
-        frame["tokens"] = pd.array(per_op(tok), dtype="Int64")
+        tok = per_op(np.stack([np.full(shape, np.nan) if d.tokens is None
+                               else d.tokens.astype(np.float64) for d in draws]))
+        nulls["tokens"] = np.isnan(tok)
+        columns["tokens"] = np.where(nulls["tokens"], 0.0, tok).astype(np.int64)
+    speed = np.stack([d.speed for d in draws])  # (runs, steps, ranks)
+    columns["speed"] = speed.reshape(runs, steps, replicas, p)[..., sg.stage].reshape(total)
+    return columns, nulls
 
 
 def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload: Workload,
@@ -388,12 +473,38 @@ def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload
 def simulate_fleet(config: SimConfig, out: str) -> tuple[list[str], int]:
     """Simulate ``config`` a run at a time into the fleet directory ``out`` (each run appended
     atomically, memory bounded by one run); the run ids and the number of events."""
-    from bubblecast.telemetry.io import write_events
+    run_ids, total, _ = _write_fleet(config, out)
+    return run_ids, total
 
-    run_ids, total = [], 0
+
+def _write_fleet(config: SimConfig, out: str) -> tuple[list[str], int, bool]:
+    """:func:`simulate_fleet`, and whether a run's scenario draw carries device metrics."""
+    run_ids, total, metrics = [], 0, False
     for k in range(config.first_run, config.first_run + config.runs):
-        events = simulate_events(replace(config, first_run=k, runs=1))
-        write_events(events, out if out.endswith(("/", os.sep)) else out + os.sep)
-        run_ids.extend(events.runs)
-        total += len(events)
+        arrays, draws = _simulate(replace(config, first_run=k, runs=1))
+        write_event_arrays(arrays, out if out.endswith(("/", os.sep)) else out + os.sep)
+        run_ids.extend(arrays.runs)
+        total += len(arrays)
+        metrics = metrics or any(d.metrics for d in draws)
+    return run_ids, total, metrics
+
+
+def write_simulation(config: SimConfig, out: str) -> tuple[list[str], int]:
+    """What ``bubblecast simulate`` writes: ``config``'s events to ``out`` (a Parquet file, or
+    a fleet directory written a run at a time), then the runs' device metrics beside them
+    when a scenario draws any (:mod:`bubblecast.sim.device_metrics`); pandas is loaded for
+    those alone. The run ids and the number of events."""
+    from bubblecast.telemetry.fleet import is_directory_target
+
+    if is_directory_target(out):
+        run_ids, total, metrics = _write_fleet(config, out)
+    else:
+        arrays, draws = _simulate(config)
+        write_event_arrays(arrays, out)
+        run_ids, total = list(arrays.runs), len(arrays)
+        metrics = any(d.metrics for d in draws)
+    if metrics:
+        from bubblecast.sim.device_metrics import write_simulated_metrics
+
+        write_simulated_metrics(config, out)
     return run_ids, total
