@@ -13,12 +13,19 @@
 - **What-if**: ``bubblecast whatif data/megatron-ops/trace-ST.parquet --json`` end to end
   against ``python -c "import pandas, pyarrow.parquet"`` (new interpreters, alternating).
 - **simulate**: ``bubblecast simulate`` end to end (1F1B, 8 stages, 16 microbatches, 5,000
-  steps; and ``--big``: 32 microbatches, 20,000 steps), compute events per second.
+  steps; and ``--big``: 32 microbatches, 20,000 steps), compute events per second, against
+  ``python -c "import numpy, pyarrow.parquet, typer"`` (what it imports: its floor).
 
-    python benchmarks/bench_peers.py [--rounds 7] [--threads 2] [--big]
+The commands run as an installed package runs: bubblecast's bytecode is compiled first
+(``python -m compileall``; an environment with ``PYTHONDONTWRITEBYTECODE`` set would otherwise
+compile every module from source in every interpreter, ~0.02 s that the libraries, installed
+with their bytecode, never pay).
+
+    python benchmarks/bench_peers.py [--rounds 7] [--threads 2] [--big] [--only commands]
 
 Prints a table and writes benchmarks/results/peers.json (with the peers' versions and the
-load average).
+load average); ``--only features|commands`` runs one part and writes JSON only to an
+``--out`` given.
 """
 
 from __future__ import annotations
@@ -235,14 +242,23 @@ def _wall(argv: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def compile_bytecode() -> None:
+    """bubblecast's bytecode, as an installed package has it (see the module doc)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "bubblecast")],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def commands(rounds: int, tmp: Path, big: bool) -> dict[str, Any]:
-    """whatif against the bare imports, and simulate, as new interpreters, alternating."""
+    """whatif against the bare imports, and simulate against its own, as new interpreters,
+    alternating."""
+    compile_bytecode()
     bc = str(Path(sys.executable).parent / "bubblecast")
     sims = {"simulate_5k": ["--microbatches", "16", "--steps", "5000"]}
     if big:
         sims["simulate_20k"] = ["--microbatches", "32", "--steps", "20000"]
     arms = {"whatif": [bc, "whatif", str(TRACE), "--json"],
-            "imports": [sys.executable, "-c", "import pandas, pyarrow.parquet"]}
+            "imports": [sys.executable, "-c", "import pandas, pyarrow.parquet"],
+            "imports_simulate": [sys.executable, "-c", "import numpy, pyarrow.parquet, typer"]}
     arms |= {name: [bc, "simulate", "--schedule", "1f1b", "--stages", "8", *extra, "--out",
                     str(tmp / f"{name}.parquet")] for name, extra in sims.items()}
     events = {name: 8 * 2 * int(extra[1]) * int(extra[3]) for name, extra in sims.items()}
@@ -255,10 +271,11 @@ def commands(rounds: int, tmp: Path, big: bool) -> dict[str, Any]:
     return {"median_s": med, "rounds_s": times,
             "whatif_over_imports": med["whatif"] / med["imports"],
             "whatif_over_imports_per_round_median": statistics.median(ratios),
-            # the floor: no simulate can beat a bare import of the libraries its events need
+            # the floor: no simulate can beat a bare import of the libraries it needs
             "simulate": {name: {"events": n, "events_per_s": n / med[name],
-                                "imports_floor_events_per_s": n / med["imports"]}
+                                "imports_floor_events_per_s": n / med["imports_simulate"]}
                          for name, n in events.items()},
+            "bytecode": "bubblecast compiled before timing (python -m compileall)",
             "commands": {name: " ".join(["bubblecast" if a == bc else a for a in argv])
                          for name, argv in arms.items()}}
 
@@ -270,7 +287,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--big", action="store_true", help="also simulate 10.24M events")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=None, help=f"results JSON [{RESULTS}; with --only: "
+                        "none unless given]")
+    parser.add_argument("--only", choices=("features", "commands"),
+                        help="run one part (printed; JSON only to an --out given)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -278,26 +298,42 @@ def main() -> None:
         worker(args.worker, Path(args.data), args.threads)
         return
     load0 = os.getloadavg()[0]
+    parts: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        feats = features(args.rounds, args.threads, Path(tmp))
-        cmds = commands(args.rounds, Path(tmp), args.big)
+        if args.only in (None, "features"):
+            parts["features"] = features(args.rounds, args.threads, Path(tmp))
+        if args.only in (None, "commands"):
+            parts["commands"] = commands(args.rounds, Path(tmp), args.big)
     doc = run_header("peers", load_before=load0, load_after=os.getloadavg()[0],
-                     rounds=args.rounds, threads=args.threads, features=feats, commands=cmds)
+                     rounds=args.rounds, threads=args.threads, **parts)
     _print(doc)
-    write_json(args.out, doc)
+    out = args.out or (None if args.only else str(RESULTS))
+    if out is not None:
+        write_json(out, doc)
 
 
 def _print(doc: dict[str, Any]) -> None:
-    f, c = doc["features"], doc["commands"]
+    print(f"load {doc['load_before']:.1f} -> {doc['load_after']:.1f}")
+    if "features" in doc:
+        _print_features(doc)
+    if "commands" in doc:
+        _print_commands(doc)
+
+
+def _print_features(doc: dict[str, Any]) -> None:
+    f = doc["features"]
     print(f"{f['events']:,} events -> {f['series_rows']:,} series rows ({f['series']} series); "
-          f"load {doc['load_before']:.1f} -> {doc['load_after']:.1f}; peers "
-          + ", ".join(f"{k} {v}" for k, v in f["peer_versions"].items()))
+          "peers " + ", ".join(f"{k} {v}" for k, v in f["peer_versions"].items()))
     print(f"{'arm':<26}{'median s':>10}")
     for name, s in f["median_s"].items():
         print(f"{name:<26}{s:>10.3f}")
     print(f"bubblecast / mlforecast at {doc['threads']} threads: "
           f"{f['speedup_vs_mlforecast']:.2f}x faster; values: max relative difference "
           f"{f['check']['max_rel_diff']:.1e} over {f['check']['rows_compared']:,} rows")
+
+
+def _print_commands(doc: dict[str, Any]) -> None:
+    c = doc["commands"]
     for name, s in c["median_s"].items():
         print(f"{name:<26}{s:>10.3f}")
     print(f"whatif / imports: {c['whatif_over_imports']:.2f}x (per-round median "
