@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from benchmarks.oracles.runtime_reference import Reference
+from tests.runtime.dist_results import launch_scenarios
 from tests.runtime.dist_scenarios import MIGRATION_STEPS, SCRIPT, config, microbatches_at
 
 pytestmark = pytest.mark.dist
@@ -23,19 +23,7 @@ TOL = 1e-6
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    from bubblecast.runtime.launch import failure_message, launch
-
-    out = tmp_path_factory.mktemp("dist")
-    code = launch(out, 2, script=str(HERE / "dist_scenarios.py"), timeout=300)
-    assert code == 0, failure_message(out) + "\n" + (out / "torchrun.log").read_text()[-3000:]
-    found: dict[str, list[dict[str, Any]]] = {}
-    for file in sorted(out.glob("*-rank*.pt")):
-        name, rank = file.stem.rsplit("-rank", 1)
-        found.setdefault(name, []).append(torch.load(file, weights_only=False))
-    for name, per_rank in found.items():
-        for r in per_rank:
-            assert "error" not in r, f"{name}: {r.get('error')}"
-    return found
+    return launch_scenarios(tmp_path_factory.mktemp("dist"), 2, HERE / "dist_scenarios.py")
 
 
 def _merged_state(per_rank: list[dict[str, Any]], key: str = "state") -> dict[int, dict]:

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
 from bubblecast.runtime.live_plan import canonical, decode, encode, plan_problem
 from tests.runtime.dist_live_plan import DROPS, RAISES, STEPS
+from tests.runtime.dist_results import launch_scenarios
 
 HERE = Path(__file__).resolve().parent
 LENGTHS = np.array([30, 5, 60, 12, 7, 44, 9, 21, 3, 16, 50, 8, 40], dtype=np.int64)
@@ -59,19 +59,7 @@ def test_the_loader_never_plans_fewer_microbatches_than_torch_runs(schedule: str
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    from bubblecast.runtime.launch import failure_message, launch
-
-    out = tmp_path_factory.mktemp("live")
-    code = launch(out, 2, script=str(HERE / "dist_live_plan.py"), timeout=300)
-    assert code == 0, failure_message(out) + "\n" + (out / "torchrun.log").read_text()[-3000:]
-    found: dict[str, list[dict[str, Any]]] = {}
-    for file in sorted(out.glob("*-rank*.pt")):
-        name, _ = file.stem.rsplit("-rank", 1)
-        found.setdefault(name, []).append(torch.load(file, weights_only=False))
-    for name, per_rank in found.items():
-        for r in per_rank:
-            assert "error" not in r, f"{name}: {r.get('error')}"
-    return found
+    return launch_scenarios(tmp_path_factory.mktemp("live"), 2, HERE / "dist_live_plan.py")
 
 
 def _lead(per_rank: list[dict[str, Any]]) -> dict[str, Any]:

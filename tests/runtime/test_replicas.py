@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from bubblecast.runtime.balanced_sampler import global_token_loss, loss_tokens
 from bubblecast.runtime.document_loader import DocumentLoader
 from bubblecast.runtime.networks import LayerModel, make_optimizer
 from tests.runtime.dist_replicas import STEPS, mlp_config, packed_config
+from tests.runtime.dist_results import launch_scenarios
 
 HERE = Path(__file__).resolve().parent
 TOL = 1e-6
@@ -23,19 +23,7 @@ TOL = 1e-6
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    from bubblecast.runtime.launch import failure_message, launch
-
-    out = tmp_path_factory.mktemp("replicas")
-    code = launch(out, 4, script=str(HERE / "dist_replicas.py"), timeout=300)
-    assert code == 0, failure_message(out) + "\n" + (out / "torchrun.log").read_text()[-3000:]
-    found: dict[str, list[dict[str, Any]]] = {}
-    for file in sorted(out.glob("*-rank*.pt")):
-        name, _ = file.stem.rsplit("-rank", 1)
-        found.setdefault(name, []).append(torch.load(file, weights_only=False))
-    for name, per_rank in found.items():
-        for r in per_rank:
-            assert "error" not in r, f"{name}: {r.get('error')}"
-    return found
+    return launch_scenarios(tmp_path_factory.mktemp("replicas"), 4, HERE / "dist_replicas.py")
 
 
 def _replica_state(per_rank: list[dict[str, Any]], replica: int) -> dict[int, dict]:
