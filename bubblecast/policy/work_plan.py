@@ -13,8 +13,9 @@ How (:func:`plan_batch`):
 1. **Micro-batches per replica** (GREYHOUND's S2). A replica with ``M_r`` micro-batches of
    load ``c`` at speed ``s_r`` takes about ``s_r * c * (M_r + P - 1)`` under 1F1B-like
    schedules (``P`` stages: fill and drain), so with loads free to adapt all replicas finish
-   together at ``C / sum_r M_r / (s_r (M_r + P - 1))``. Counts maximise that sum (concave in
-   each ``M_r``: greedy marginal allocation is exact), within the schedule's rules.
+   together at ``C / R`` with ``R = sum_r M_r / (s_r (M_r + P - 1))`` (``C``: the step's
+   total load). Counts maximise ``R`` (concave in each ``M_r``: greedy marginal allocation is
+   exact), within the schedule's rules.
 2. **Packing**: a replica's time is about ``s_r * (sum of its loads + (P - 1) * its
    heaviest load)`` (exact for 1F1B with equal stages). Documents by decreasing cost each go
    to the replica whose time grows least, into its least-loaded micro-batch with room (LPT
@@ -372,8 +373,8 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
 
 def plan_static(lengths: Any, config: PlanConfig, cost: WorkCost = TOKENS) -> WorkPlan:
     """The data loader's plan: sequential first-fit in arrival order, ``microbatches``
-    consecutive micro-batches per replica (ValueError-free: BubblecastError when the lengths
-    do not pack into exactly ``replicas * microbatches`` micro-batches)."""
+    consecutive micro-batches per replica; BubblecastError when the lengths do not pack into
+    exactly ``replicas * microbatches`` micro-batches."""
     x = check_lengths(lengths, config.token_budget, "lengths", config.total)
     owner = next_fit(x, config.token_budget)
     if owner[-1] + 1 != config.total:
