@@ -35,10 +35,9 @@ def serve(
         "cost`) that POST /v1/plan uses for requests with \"cost\": \"served\"."),
     workers: int = typer.Option(
         1, "--workers", min=1, max=64, help="Worker processes, each with its own copy of the "
-        "model, sharing the port. A forecast costs ~1.5-2 ms of server CPU over HTTP, so one "
-        "worker needs most of a core at 500 requests/s; with N > 1, /metrics and "
-        "/v1/admin/reload reach one worker per request (the --watch-interval watch reloads "
-        "every worker)."),
+        "model, sharing the port: one serves requests on one core, add workers for more "
+        "throughput; with N > 1, /metrics and /v1/admin/reload reach one worker per request "
+        "(the --watch-interval watch reloads every worker)."),
 ) -> None:
     """Serve forecasts and recommended actions; OpenAPI at /openapi.json."""
     import sys
