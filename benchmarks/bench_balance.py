@@ -37,6 +37,7 @@ means over the runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 import time
@@ -58,6 +59,7 @@ SEEDS = {"train": 1000, "eval": 2000}
 NOISE = 0.01
 
 
+@functools.cache  # the outlier-delay part reads the regime's runs again
 def simulate(preset: str, scenario: str, seed: int, runs: int, steps: int, tag: str) -> Any:
     from bubblecast.sim.scenarios import make_scenario
     from bubblecast.sim.simulator import SimConfig, simulate_events

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -113,7 +113,6 @@ class WorkPlan:
     predicted_step: float | None = None
     fallback: str | None = None
     method: str = "balance"
-    notes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def counts(self) -> list[int]:
@@ -265,8 +264,8 @@ def _pack(lengths: np.ndarray, costs: np.ndarray, counts: list[int], speed: np.n
     return bin_of
 
 
-def _replica_time(load: np.ndarray, owner: np.ndarray, starts: np.ndarray, speed: np.ndarray,
-                  fill: float) -> np.ndarray:
+def _replica_time(load: np.ndarray, starts: np.ndarray, speed: np.ndarray, fill: float
+                  ) -> np.ndarray:
     """Each replica's time, ``speed * (sum + fill * max)`` of its bins' loads."""
     return speed * (np.add.reduceat(load, starts) + fill * np.maximum.reduceat(load, starts))
 
@@ -280,7 +279,7 @@ def _refine(bin_of: np.ndarray, costs: np.ndarray, lengths: np.ndarray, load: np
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     owner = np.repeat(np.arange(len(counts)), counts)
     for _ in range(moves):
-        times = _replica_time(load, owner, starts, speed, fill)
+        times = _replica_time(load, starts, speed, fill)
         slow = int(np.argmax(times))
         others = np.delete(times, slow).max() if len(times) > 1 else 0.0
         docs = np.flatnonzero(owner[bin_of] == slow)
@@ -349,14 +348,13 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
     worst = 0.0
     for m in sorted(set(counts)):
         group = [r for r, c in enumerate(counts) if c == m]
-        rows, speed, owner, cands_of = [], [], [], {}
+        rows, speed, cands_of = [], [], {}
         for r in group:
             cost = bin_cost[starts[r]:starts[r + 1]]
             cands_of[r] = _orders(cost)
             for o in cands_of[r]:
                 rows.append(cost[o])
                 speed.append(speeds[r])
-                owner.append(r)
         times = _replica_times(config, m, rows, speed)
         k = 0
         for r in group:
@@ -371,6 +369,13 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
     return plan, costs, worst
 
 
+def _members(bin_of: np.ndarray, bins: int) -> list[list[int]]:
+    """Each bin's document indices, in document order."""
+    order = np.argsort(bin_of, kind="stable")
+    starts = np.searchsorted(bin_of[order], np.arange(bins + 1))
+    return [order[starts[j]:starts[j + 1]].tolist() for j in range(bins)]
+
+
 def plan_static(lengths: Any, config: PlanConfig, cost: WorkCost = TOKENS) -> WorkPlan:
     """The data loader's plan: sequential first-fit in arrival order, ``microbatches``
     consecutive micro-batches per replica; BubblecastError when the lengths do not pack into
@@ -383,8 +388,8 @@ def plan_static(lengths: Any, config: PlanConfig, cost: WorkCost = TOKENS) -> Wo
     tokens, tokens_sq, docs = microbatch_stats(x, owner, config.total)
     c = cost.microbatch(tokens, tokens_sq, docs)
     m = config.microbatches
-    plan = tuple(tuple(tuple(np.flatnonzero(owner == r * m + j).tolist()) for j in range(m))
-                 for r in range(config.replicas))
+    bins = _members(owner, config.total)
+    plan = tuple(tuple(tuple(bins[r * m + j]) for j in range(m)) for r in range(config.replicas))
     return WorkPlan(plan, tuple(tuple(float(v) for v in c[r * m:(r + 1) * m])
                                 for r in range(config.replicas)), None, None, "static")
 
@@ -398,10 +403,7 @@ def _planned(x: np.ndarray, config: PlanConfig, cost: WorkCost, speeds: np.ndarr
         return None
     tokens, tokens_sq, docs = microbatch_stats(x, bin_of, config.total)
     bin_cost = cost.microbatch(tokens, tokens_sq, docs)
-    members = np.argsort(bin_of, kind="stable")
-    starts = np.searchsorted(bin_of[members], np.arange(config.total + 1))
-    bins = [members[starts[j]:starts[j + 1]].tolist() for j in range(config.total)]
-    return _finish(config, bins, bin_cost, counts, speeds)
+    return _finish(config, _members(bin_of, config.total), bin_cost, counts, speeds)
 
 
 def plan_batch(lengths: Sequence[int] | np.ndarray, config: PlanConfig,
