@@ -23,20 +23,15 @@ from collections import deque
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.sim.documents import next_fit
+from bubblecast.sim.documents import cut_steps
 
 
 def _undelayed_steps(stream: np.ndarray, bins: int, budget: int) -> np.ndarray:
     """Each document's step in the loader's cut without a queue (-1 past the last full step)."""
     out = np.full(len(stream), -1, dtype=np.int64)
-    start, step = 0, 0
-    while start < len(stream):
-        owner = next_fit(stream[start:], budget)
-        end = start + int(np.searchsorted(owner, bins))
-        if end >= len(stream):
-            break
-        out[start:end] = step
-        start, step = end, step + 1
+    bounds = cut_steps(stream, budget, bins)
+    for k in range(len(bounds) - 1):
+        out[bounds[k]:bounds[k + 1]] = k
     return out
 
 

@@ -229,27 +229,36 @@ def next_fit(lengths: Sequence[int] | np.ndarray, token_budget: int) -> np.ndarr
     return out
 
 
+def cut_steps(lengths: Sequence[int] | np.ndarray, token_budget: int, bins: int
+              ) -> np.ndarray:
+    """The loader's cut of a document stream into global batches of exactly ``bins``
+    micro-batches: the index of each complete step's first document, then the end of the last
+    complete one (``len = complete steps + 1``). One :func:`next_fit` over the stream: the
+    document that does not fit a step's last micro-batch opens the next step's first, so a
+    step is complete once a document has opened the next one."""
+    owner = next_fit(lengths, token_budget)
+    last = int(owner[-1]) if len(owner) else -1
+    return np.searchsorted(owner, np.arange(0, last + 1, bins))
+
+
 def draw_batches(source: DocumentSource, seed: int, steps: int, bins: int
                  ) -> list[np.ndarray]:
     """``steps`` global batches from the seeded stream: each the documents that :func:`next_fit`
-    packs into exactly ``bins`` micro-batches (see the module doc)."""
+    packs into exactly ``bins`` micro-batches (see the module doc). The stream is drawn in
+    blocks of a fixed size, so its documents do not depend on how many steps are asked for."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2]))
     t = source.token_budget
-    block = max(256, 4 * bins * t // max(1, int(source.mean_length() if source.kind == "file"
-                                                  else t // 16)))
-    pending = np.zeros(0, dtype=np.int64)
-    out: list[np.ndarray] = []
-    while len(out) < steps:
-        if len(pending) < block:
-            pending = np.concatenate([pending, source.sample(rng, block)])
-        owner = next_fit(pending, t)
-        end = int(np.searchsorted(owner, bins))  # first document of micro-batch `bins`
-        if end >= len(pending):  # not enough documents yet to close `bins` micro-batches
-            pending = np.concatenate([pending, source.sample(rng, block)])
-            continue
-        out.append(pending[:end].copy())
-        pending = pending[end:]
-    return out
+    typical = max(1, int(source.mean_length() if source.kind == "file" else t // 16))
+    block = max(256, 4 * bins * t // typical)
+    docs_per_step = bins * t / typical
+    chunks = [source.sample(rng, block)
+              for _ in range(max(1, int(np.ceil(steps * docs_per_step / block))))]
+    while True:
+        stream = np.concatenate(chunks)
+        bounds = cut_steps(stream, t, bins)
+        if len(bounds) > steps:
+            return [stream[bounds[k]:bounds[k + 1]].copy() for k in range(steps)]
+        chunks.append(source.sample(rng, block))
 
 
 def microbatch_stats(lengths: np.ndarray, owner: np.ndarray, bins: int
