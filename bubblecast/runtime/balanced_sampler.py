@@ -187,7 +187,7 @@ def padded_loader_plan(x: np.ndarray, config: work_plan.PlanConfig, cost: Any, m
     plan = tuple(tuple(tuple(np.flatnonzero(owner == r * m + j).tolist()) for j in range(m))
                  for r in range(config.replicas))
     costs = tuple(tuple(float(v) for v in c[r * m:(r + 1) * m]) for r in range(config.replicas))
-    return WorkPlan(plan, costs, None, fallback, method, {"padded": total - int(owner[-1]) - 1})
+    return WorkPlan(plan, costs, None, fallback, method)
 
 
 class PackedMicrobatch(NamedTuple):
