@@ -9,7 +9,8 @@ Each policy (:mod:`bubblecast.policy.work_policies`) plans every step from what 
 sees (:class:`~bubblecast.policy.work_policies.WorkContext`: the documents, and telemetry of
 the steps before); every plan is checked to place each of the step's documents exactly once
 within the token budget (a violation is an internal error). The plans are then timed against
-the truth, the same for every policy: each micro-batch's true cost (the true ``WorkCost`` on
+the truth (a run recorded on real hardware, which has none, against its own fit:
+:mod:`bubblecast.policy.work_truth`), the same for every policy: each micro-batch's true cost (the true ``WorkCost`` on
 its documents) times its stage's F/B/W times the rank's true speed at that step, without
 noise, with :mod:`bubblecast.sim.steptime` on the run's schedule, each replica with its own
 micro-batch count; a step takes its slowest replica's time.
@@ -47,6 +48,7 @@ from bubblecast.policy.work_policies import (
     make_work_policy,
 )
 from bubblecast.policy.work_timing import stage_kinds, time_replicas
+from bubblecast.policy.work_truth import ESTIMATED_NOTE, estimated_truth
 from bubblecast.sim.documents import WorkCost, check_lengths, microbatch_stats
 from bubblecast.telemetry.events import Events
 
@@ -86,9 +88,18 @@ def observed_context(events: Events, run_id: str) -> WorkContext:
     return WorkContext(run_id, config, lengths, table)
 
 
+def has_sim_truth(events: Events, run_id: str) -> bool:
+    """Whether the run is a simulation that saved its ground truth (metadata ``workload`` and
+    ``documents.cost``, and the ``speed`` column)."""
+    meta = events.runs[run_id]
+    return ("cost" in meta.extra["documents"] and "workload" in meta.extra
+            and "speed" in events.frame.columns)
+
+
 def load_document_run(events: Events, run_id: str) -> tuple[WorkContext, WorkTruth]:
-    """:func:`observed_context` and the run's ground truth (BubblecastError naming what is
-    missing when the run is not a simulation that saved it)."""
+    """:func:`observed_context` and the truth its plans are timed against: a simulation's
+    saved ground truth, else (a recorded run) the run's own fit
+    (:func:`bubblecast.policy.work_truth.estimated_truth`)."""
     from bubblecast.sim.schedules import vstage_ranks
     from bubblecast.sim.workload import Workload, stage_costs
 
@@ -96,10 +107,8 @@ def load_document_run(events: Events, run_id: str) -> tuple[WorkContext, WorkTru
     meta = events.runs[run_id]
     ev = events.run(run_id) if len(events.run_ids) > 1 else events
     docs = meta.extra["documents"]
-    if "cost" not in docs or "workload" not in meta.extra or "speed" not in ev.frame.columns:
-        raise BubblecastError(f"run '{run_id}': evaluating plans needs the simulation's ground "
-                              "truth (metadata 'workload' and 'documents.cost', and the 'speed' "
-                              "column)")
+    if not has_sim_truth(ev, run_id):
+        return context, estimated_truth(context.table, meta.schedule, meta.chunks, run_id)
     steps = context.table.steps
     wl = Workload.from_json(meta.extra["workload"], f"run '{run_id}' metadata")
     parts = logged_partitions(meta, steps, wl.n_layers, meta.stages * meta.chunks)
@@ -295,7 +304,9 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     summary = {name: traces[name].summary() for name in wanted}
     compare(summary, config)
     oracle = summary["oracle"]
-    report = {"run_id": run_id, "mode": MODE, "note": NOTE, "steps": len(context.lengths),
+    ev = events.run(run_id) if len(events.run_ids) > 1 else events
+    note = NOTE if has_sim_truth(ev, run_id) else ESTIMATED_NOTE
+    report = {"run_id": run_id, "mode": MODE, "note": note, "steps": len(context.lengths),
               "forecaster": forecaster,
               "oracle_gain": oracle["gain_vs_static"] if oracle["oracle_share"] is not None
               else None,
