@@ -28,18 +28,29 @@ SCENARIOS: tuple[str, ...] = ("throttle", "failslow", "periodic", "seqlen", "mix
 POLICIES: tuple[str, ...] = ("static", "reactive", "predictive", "oracle")
 MODELS: tuple[str, ...] = ("lgbm", "seq")
 SPLITS: tuple[str, ...] = ("train", "heldout")
-#: The real Megatron-LM trace, in data/ (or ../shared/data) of the working directory or repo.
-TRACE = Path("megatron-ops") / "trace-ST.parquet"
-TRACE_DIRS: tuple[Path, ...] = (Path("data"), Path("..") / "shared" / "data")
+#: The real Megatron-LM trace, relative to a sample root (see :func:`sample_path`).
+TRACE = Path("data") / "megatron-ops" / "trace-ST.parquet"
+#: Where sample files are looked for, in order: the working directory, ``../shared`` beside it,
+#: and the copies inside the package (``bubblecast/_bundled``: links to the repository's
+#: ``data/megatron-ops`` and ``models/default`` in a checkout, the files themselves in a wheel).
+SAMPLE_ROOTS: tuple[Path, ...] = (Path("."), Path("..") / "shared",
+                                  Path(__file__).resolve().parents[1] / "_bundled")
 REPORT, SUMMARY = "report.md", "demo.json"
 LIVE_STAGES, LIVE_MICROBATCHES = 2, 4
 
 
+def sample_path(relative: str | Path) -> Path | None:
+    """The sample file or folder ``relative`` (``data/megatron-ops/trace-ST.parquet``,
+    ``models/default``) under the first of :data:`SAMPLE_ROOTS` that has it, absolute; None
+    when none has it. The package carries ``data/megatron-ops`` and ``models/default``."""
+    found = [root / relative for root in SAMPLE_ROOTS if (root / relative).exists()]
+    return found[0].resolve() if found else None
+
+
 def default_megatron() -> str | None:
-    """The Megatron-LM trace (see :data:`TRACE_DIRS`), or None when none exists."""
-    found = [base / folder / TRACE for base in (Path.cwd(), Path(__file__).resolve().parents[1])
-             for folder in TRACE_DIRS if (base / folder / TRACE).is_file()]
-    return str(found[0].resolve()) if found else None
+    """The Megatron-LM trace (:data:`TRACE` via :func:`sample_path`), or None when none exists."""
+    found = sample_path(TRACE)
+    return str(found) if found is not None and found.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -285,7 +296,7 @@ def megatron(demo: Demo) -> dict[str, Any]:
 
     trace = Path(demo.config.megatron) if demo.config.megatron else None
     if trace is None or not trace.is_file():
-        return {"skipped": f"no Megatron-LM trace at {trace or TRACE_DIRS[0] / TRACE}"}
+        return {"skipped": f"no Megatron-LM trace at {trace or TRACE}"}
     analysis = BubbleAnalysis(trace)
     summary, answers = analysis.summary(), analysis.whatif()
     analysis.plot(demo.dir("megatron") / "inspect.png")
