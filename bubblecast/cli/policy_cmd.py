@@ -27,6 +27,11 @@ def policy_eval(
         None, "--cost-model", help="The balance policy's micro-batch cost model (`train "
         "--model cost`): a model directory or a models:/ URI. Default: fitted online to each "
         "run's own earlier steps."),
+    fallback: str | None = typer.Option(
+        None, "--fallback", help="Where the --model cannot forecast a run (a device metric "
+        "or the calendar it reads missing, a run too short): 'trend' evaluates that run with "
+        "the built-in trend forecaster, said on stderr and in the JSON ('fallback'). Default: "
+        "exit 2 naming the missing input."),
     migration: Path | None = typer.Option(
         None, "--migration", help="JSON of migration constants (bandwidth_Bps, fixed_pause_s, "
         "optimizer_factor) or of measured migrations {\"migrations\": [{seconds, bytes}]} "
@@ -49,47 +54,68 @@ def policy_eval(
     skip_bad_runs: bool = skip_bad_runs_option(),
 ) -> None:
     """Replay runs step by step under each policy and compare step times (counterfactual)."""
-    from bubblecast.errors import BubblecastError
-    from bubblecast.policy.api import load_runs
     from bubblecast.policy.cost import MigrationConstants
-    from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events, plot_traces
-    from bubblecast.telemetry.importers import timing_of
+    from bubblecast.policy.policy_evaluation import EvalConfig, plot_traces
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     constants = MigrationConstants.from_json(migration) if migration is not None \
         else MigrationConstants()
     config = EvalConfig(migration=constants, param_bytes=param_bytes,
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
-                        migration_from_runs=migration is None, cost_model=cost_model)
+                        migration_from_runs=migration is None, cost_model=cost_model,
+                        fallback=fallback)
     if cluster is not None or skip_bad_runs:
         result, traces = _mapped(runs, names, config, format, model, run, cluster,
                                  skip_bad_runs, json_out)
-        if plot is not None:
-            plot_traces(traces, plot)
-        if json_out:
-            emit_json(result)
-        else:
-            _print(result, names)
-        return
-    events = load_runs(runs, format, "policy-eval")
-    seen = set(events.run_ids)
-    if run:
-        missing = [r for r in run if r not in seen]
-        if missing:
-            raise BubblecastError(f"--run: no run '{missing[0]}' (runs: "
-                                  f"{', '.join(sorted(seen)[:10])})")
-    fc = None
-    if model is not None and {"predictive", "balance"} & set(names):
-        from bubblecast.forecast.modeldir import load_model
-
-        fc = load_model(model)
-    result, traces = evaluate_events(events, names, config, fc, run_ids=run or None)
+    else:
+        result, traces = _in_process(runs, names, config, format, model, run)
     if plot is not None:
         plot_traces(traces, plot)
+    _note_fallback(result)
     if json_out:
-        emit_json({**result, "timing": timing_of(events)})
-        return
-    _print(result, names)
+        emit_json(result)
+    else:
+        _print(result, names)
+
+
+def _in_process(runs: list[Path], names: list[str], config: object, format: str,
+                model: str | None, run: list[str] | None) -> tuple[dict, dict]:
+    """policy-eval over every input read into this process; a model reading covariates gets
+    them from the device metrics beside the inputs."""
+    from bubblecast.errors import BubblecastError
+    from bubblecast.policy.api import load_runs
+    from bubblecast.policy.policy_evaluation import evaluate_events
+    from bubblecast.telemetry.importers import timing_of
+
+    events = load_runs(runs, format, "policy-eval")
+    seen = set(events.run_ids)
+    missing = [r for r in run or [] if r not in seen]
+    if missing:
+        raise BubblecastError(f"--run: no run '{missing[0]}' (runs: "
+                              f"{', '.join(sorted(seen)[:10])})")
+    fc, metrics = None, None
+    if model is not None and {"predictive", "balance"} & set(names):
+        import pandas as pd
+
+        from bubblecast.forecast.modeldir import load_model
+        from bubblecast.telemetry.metrics import read_metrics
+
+        fc = load_model(model)
+        metrics = pd.concat([read_metrics(p) for p in runs], ignore_index=True)
+    result, traces = evaluate_events(events, names, config, fc, run_ids=run or None,
+                                     metrics=metrics)
+    return {**result, "timing": timing_of(events)}, traces
+
+
+def _note_fallback(result: dict) -> None:
+    """One line on stderr when ``--fallback`` replaced the model on some runs."""
+    fb = result.get("fallback")
+    if fb:
+        runs = fb["runs"]
+        first = next(iter(runs))
+        typer.echo(f"bubblecast: warning: --model could not forecast {len(runs)} run(s); "
+                   f"fell back to the built-in {fb['forecaster']} forecaster there; "
+                   f"{runs[first]}", err=True)
 
 
 def _print(result: dict, names: list[str]) -> None:

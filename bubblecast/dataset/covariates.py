@@ -150,3 +150,72 @@ def add_covariates(frame: pd.DataFrame, events: Any, metrics: pd.DataFrame | Non
     out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
     out.attrs = attrs
     return out
+
+
+_OBSERVED = re.compile(r"f_cov_(.+?)(?:_d\d+|_peer)?")
+_AHEAD = re.compile(r"x\d+_cov_(.+)_ratio")
+_CALENDAR = re.compile(r"x\d+_cal_(.+)_(?:due|within)")
+
+
+def covariate_input(column: str) -> str | None:
+    """What a covariate feature column is computed from: the device metric's slug (e.g.
+    ``power_w`` for ``f_cov_power_w_d5`` or ``x5_cov_tokens_ratio``), ``calendar:KIND`` for a
+    calendar column; None for a column that is no covariate."""
+    for pattern, prefix in ((_OBSERVED, ""), (_AHEAD, ""), (_CALENDAR, "calendar:")):
+        match = pattern.fullmatch(column)
+        if match:
+            return prefix + match.group(1)
+    return None
+
+
+def missing_inputs(needed: list[str] | set[str], metrics: pd.DataFrame | None,
+                   runs: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """The covariate columns of ``needed`` that ``metrics`` (device-metric rows) and the runs'
+    calendars cannot give, by input (:func:`covariate_input`): ``{input: [columns]}``, empty
+    when every one can be built. Columns that are no covariates are not this module's."""
+    have = set() if metrics is None or metrics.empty else \
+        {_slug(str(m)) for m in pd.unique(metrics["metric"])}
+    have |= {f"calendar:{k}" for meta in (runs or {}).values() for k in _calendar(meta)}
+    out: dict[str, list[str]] = {}
+    for column in sorted(needed):
+        source = covariate_input(str(column))
+        if source is not None and source not in have:
+            out.setdefault(source, []).append(str(column))
+    return out
+
+
+def metric_features(frame: pd.DataFrame, events_frame: pd.DataFrame, metrics: pd.DataFrame,
+                    config: DatasetConfig) -> pd.DataFrame:
+    """``frame`` (a features frame of ``events_frame``'s runs) with the device-metric covariate
+    columns it lacks appended, computed as :func:`add_covariates` does (calendar columns come
+    from run metadata, not from here): for features built without the metrics at hand."""
+    cols = covariate_features(frame, metrics, rank_map(events_frame), {}, config)
+    cols = {k: v for k, v in cols.items() if k not in frame.columns}
+    if not cols:
+        return frame
+    attrs = frame.attrs
+    out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
+    out.attrs = attrs
+    return out
+
+
+def origin_covariates(metrics: pd.DataFrame, ranks: list[int] | np.ndarray, step: int,
+                      config: DatasetConfig, meta: Any = None) -> dict[str, np.ndarray]:
+    """The covariate features of one pipeline replica at origin ``step``, as the dataset
+    builds them: ``{column: (P,) float32}``, stage ``s`` read from rank ``ranks[s]``.
+
+    For live callers (the runtime controller, the prediction service). ``metrics``: device
+    metric rows (``step``, ``rank``, ``metric``, ``value``; a ``run_id`` column is ignored) up
+    to ``step`` for observed metrics and up to ``step + max(horizons)`` for known-future ones
+    (:func:`bubblecast.telemetry.metrics.is_known_future`); ``meta``: the run's metadata when
+    it has a ``calendar``. Same code as :func:`add_covariates`, so the features equal the
+    training rows' for the same metrics.
+    """
+    ranks = [int(r) for r in ranks]
+    stages = np.arange(len(ranks), dtype=np.int64)
+    keys = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages,
+                         "step": np.full(len(ranks), int(step), dtype=np.int64)})
+    rank_table = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages, "rank": ranks})
+    rows = metrics[["step", "rank", "metric", "value"]].assign(run_id="live")
+    runs = {"live": meta} if meta is not None else {}
+    return covariate_features(keys, rows, rank_table, runs, config)

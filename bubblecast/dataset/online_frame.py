@@ -17,6 +17,16 @@ from bubblecast.dataset.online import origin_matrix
 from bubblecast.dataset.window import Window
 
 
+def model_columns(forecaster: Any) -> set[str]:
+    """Features-frame columns a fitted forecaster reads, as far as its fitted attributes
+    (``features_``, ``horizon_features_`` per horizon, ``column_``) tell."""
+    need = set(getattr(forecaster, "features_", []))
+    for h in getattr(forecaster, "horizons_", []):
+        need |= {f"x{h}_{g[2:]}" for g in getattr(forecaster, "horizon_features_", [])}
+    need |= set(getattr(forecaster, "column_", {}).values())
+    return need
+
+
 class _Column:
     """One column of a :class:`ColumnFrame`: what ``frame[name].to_numpy(...)`` returns."""
 
@@ -86,12 +96,8 @@ class FastFeatures:
 
     @staticmethod
     def needed(forecaster: Any) -> set[str]:
-        """Input columns the forecaster reads, as far as its fitted attributes tell."""
-        need = set(getattr(forecaster, "features_", []))
-        for h in getattr(forecaster, "horizons_", []):
-            need |= {f"x{h}_{g[2:]}" for g in getattr(forecaster, "horizon_features_", [])}
-        need |= set(getattr(forecaster, "column_", {}).values())
-        return need
+        """Input columns the forecaster reads (:func:`model_columns`)."""
+        return model_columns(forecaster)
 
     @classmethod
     def covers(cls, forecaster: Any, cfg: Any) -> bool:

@@ -201,3 +201,50 @@ class TrendForecaster:
         jump = (np.all(tail > ref + self.band_z * sig, axis=0)
                 | np.all(tail < ref - self.band_z * sig, axis=0))
         return jump, raw[-1], sig / np.maximum(np.abs(ref), 1e-12)
+
+
+def model_failed(exc: BubblecastError, config: Any, builtin: str) -> str:
+    """What offline evaluation does when the trained model cannot forecast a run: with
+    ``config.fallback`` (``"trend"``) the built-in forecaster (described by ``builtin``) takes
+    over and the returned note says so; without, ``exc`` is raised again, naming the flag
+    that would allow it. Never a silent fall-back."""
+    if getattr(config, "fallback", None) is None:
+        raise BubblecastError(f"{exc} (--fallback trend evaluates it with the built-in "
+                              "forecaster instead)") from None
+    return f"model not usable on this run ({exc}); fell back to the {builtin} (--fallback trend)"
+
+
+class WithDeviceMetrics:
+    """A trained forecast model whose features frames get the device-metric covariates of the
+    runs it forecasts (offline evaluation: the dataset builder's frame of a run is built
+    from its events alone; the covariates come from its ``device_metrics`` rows, by the
+    dataset's own code, :func:`bubblecast.dataset.covariates.metric_features`).
+
+    Every attribute is the model's; only :meth:`predict` differs. ``config``: the
+    DatasetConfig the model was trained with (:func:`bubblecast.policy.speeds.
+    model_dataset_config`); ``missing``: why the run lacks an input the model reads (then
+    :meth:`predict` raises it as a BubblecastError).
+    """
+
+    def __init__(self, model: Any, events_frame: Any, metrics: Any, config: Any,
+                 missing: str | None = None) -> None:
+        self.model = model
+        self.events_frame = events_frame
+        self.metrics = metrics
+        self.config = config
+        self.missing = missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("model", "events_frame", "metrics", "config", "missing"):  # not yet set
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def predict(self, frame: Any, horizons: Any = None) -> Any:
+        from bubblecast.dataset.covariates import metric_features
+
+        if self.missing is not None:
+            raise BubblecastError(self.missing)
+        if self.metrics is None or len(self.metrics) == 0:
+            return self.model.predict(frame, horizons)
+        return self.model.predict(metric_features(frame, self.events_frame, self.metrics,
+                                                  self.config), horizons)

@@ -9,6 +9,12 @@ of the oracle's gain captured, actions taken and migration seconds paid; for pre
 its forecast guard's counts (``guard``: decisions, those made by the reactive fallback while
 the model was worse than the naive forecast, moves the move budget blocked).
 
+A trained model (``model``) is used as trained: one that reads device-metric covariates gets
+them from the runs' ``device_metrics`` rows (``metrics``), built by the dataset's code. A run
+it cannot forecast (a metric missing, a run too short) is refused in one line naming the
+missing input, unless ``EvalConfig.fallback`` asks for the built-in trend forecaster there;
+then the result's ``fallback`` key lists those runs and why.
+
 Packed-document runs (their metadata records each step's documents) are evaluated by
 :mod:`bubblecast.policy.work_eval` instead: there ``static``, ``tokens``, ``balance`` and
 ``oracle`` plan each step's documents. Elsewhere ``tokens`` and ``balance`` are reported as
@@ -23,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost, run_constants
 from bubblecast.policy.decision import Decision
-from bubblecast.policy.forecasting import TrendForecaster
+from bubblecast.policy.forecasting import TrendForecaster, WithDeviceMetrics, model_failed
 from bubblecast.policy.policies import (
     POLICIES,
     OraclePolicy,
@@ -38,7 +45,7 @@ from bubblecast.policy.policies import (
     StaticPolicy,
 )
 from bubblecast.policy.run_data import RunData, load_run
-from bubblecast.policy.speeds import model_forecaster
+from bubblecast.policy.speeds import model_dataset_config, model_forecaster
 from bubblecast.policy.state import PolicyState, RunContext
 from bubblecast.policy.work_eval import (
     NO_DOCUMENTS,
@@ -54,6 +61,8 @@ KNOWN: tuple[str, ...] = (*POLICIES, *WORK_ONLY)
 
 REQUIRED_KEYS: tuple[str, ...] = ("step_s", "bubble_fraction", "speedup_vs_static",
                                   "oracle_share", "actions", "migration_s")
+#: Values of ``EvalConfig.fallback`` (``--fallback``): what forecasts where the model cannot.
+FALLBACKS: tuple[str, ...] = ("trend",)
 BUILTIN_FORECASTER = ("built-in robust trend extrapolation (running-median smoothing, last "
                       "linear segment by BIC segmentation, damped slope, level-shift reset, "
                       "MAD quantiles)")
@@ -74,7 +83,9 @@ class EvalConfig:
     1F1B keeps on its first stage; a bound for the others); ``migration_from_runs``: a run
     whose metadata records measured migrations (the runtime's ``actions``) uses constants
     fitted to them instead of ``migration``; ``cost_model``: the ``balance`` policy's learned
-    cost model (a model directory, a ``models:/`` URI or a loaded model; None fits one online).
+    cost model (a model directory, a ``models:/`` URI or a loaded model; None fits one online);
+    ``fallback``: ``"trend"`` evaluates a run the trained model cannot forecast with the
+    built-in trend forecaster (reported), None refuses it (BubblecastError naming the input).
     """
 
     migration: MigrationConstants = field(default_factory=MigrationConstants)
@@ -86,8 +97,12 @@ class EvalConfig:
     memory_cap: float | None = None
     migration_from_runs: bool = True
     cost_model: Any = None
+    fallback: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fallback is not None and self.fallback not in FALLBACKS:
+            raise BubblecastError(f"--fallback: unknown forecaster '{self.fallback}' (known: "
+                                  f"{', '.join(FALLBACKS)})")
         if not (np.isfinite(self.param_bytes) and self.param_bytes >= 0):
             raise BubblecastError(f"param_bytes: must be >= 0, got {self.param_bytes}")
         if self.memory_cap is not None and not self.memory_cap > 0:
@@ -189,27 +204,29 @@ def run_policy(run: RunData, policy: Policy, migration: MigrationCost,
 
 
 def build_policy(name: str, run: RunData, config: EvalConfig, model: Any | None,
-                 events: Events | None) -> tuple[Policy, str | None]:
-    """The policy ``name`` for ``run``; for predictive, its forecaster and a note on it."""
+                 events: Events | None) -> tuple[Policy, str | None, str | None]:
+    """The policy ``name`` for ``run``; for predictive, a note on its forecaster and, when the
+    model could not forecast the run and ``config.fallback`` allowed the trend forecaster,
+    why (:func:`~bubblecast.policy.forecasting.model_failed`)."""
     params = dict(config.policy_params.get(name, {}))
     if name == "static":
-        return StaticPolicy(), None
+        return StaticPolicy(), None, None
     if name == "reactive":
-        return ReactivePolicy(**params), None
+        return ReactivePolicy(**params), None, None
     if name == "oracle":
-        return OraclePolicy(**params), None
+        return OraclePolicy(**params), None, None
     if name != "predictive":
         raise BubblecastError(f"--policies: unknown policy '{name}' (known: {', '.join(POLICIES)})")
     if model is None:
-        return PredictivePolicy(forecaster=TrendForecaster(), **params), BUILTIN_FORECASTER
+        return PredictivePolicy(forecaster=TrendForecaster(), **params), BUILTIN_FORECASTER, None
     if events is None:
         raise BubblecastError("a trained model needs the run's events to build features")
     try:
         fc = model_forecaster(model, events, run.run_id, run.steps, run.unit)
     except BubblecastError as exc:
-        return (PredictivePolicy(forecaster=TrendForecaster(), **params),
-                f"model not usable on this run ({exc}); fell back to the {BUILTIN_FORECASTER}")
-    return PredictivePolicy(forecaster=fc, **params), f"trained model '{fc.name}'"
+        note = model_failed(exc, config, BUILTIN_FORECASTER)
+        return PredictivePolicy(forecaster=TrendForecaster(), **params), note, str(exc)
+    return PredictivePolicy(forecaster=fc, **params), f"trained model '{fc.name}'", None
 
 
 def _compare(summary: dict[str, dict[str, Any]], config: EvalConfig) -> None:
@@ -230,10 +247,11 @@ def evaluate_run(run: RunData, names: list[str], config: EvalConfig | None = Non
     config = config or EvalConfig()
     migration, source = migration_model(run, config)
     wanted = list(dict.fromkeys(["static", *(n for n in names if n not in WORK_ONLY), "oracle"]))
-    traces, notes = {}, {}
+    traces, notes, fallback = {}, {}, None
     for name in wanted:
-        policy, note = build_policy(name, run, config, model, events)
+        policy, note, failed = build_policy(name, run, config, model, events)
         traces[name] = run_policy(run, policy, migration, config.memory_cap)
+        fallback = fallback or failed
         if note:
             notes[name] = note
     summary = {name: traces[name].summary() for name in wanted}
@@ -242,7 +260,7 @@ def evaluate_run(run: RunData, names: list[str], config: EvalConfig | None = Non
     _compare(summary, config)
     oracle_gain = summary["oracle"]["gain_vs_static"]
     report = {"run_id": run.run_id, "mode": run.mode, "note": run.note, "steps": len(run.steps),
-              "forecaster": notes.get("predictive"),
+              "forecaster": notes.get("predictive"), "fallback": fallback,
               "oracle_gain": oracle_gain if summary["oracle"]["oracle_share"] is not None
               else None,
               "migration": {**migration.constants.to_json(), "source": source},
@@ -279,10 +297,73 @@ def aggregate(reports: list[dict[str, Any]], names: list[str]) -> dict[str, dict
     return out
 
 
+def covariate_gaps(needed: list[str], events: Events, metrics: pd.DataFrame | None,
+                   run_ids: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Per run that lacks an input the ``needed`` covariate columns are built from: ``{input:
+    [columns]}`` (:func:`bubblecast.dataset.covariates.missing_inputs`)."""
+    from bubblecast.dataset.covariates import missing_inputs
+
+    out = {}
+    for run_id in run_ids if needed else []:
+        rows = None if metrics is None else metrics[metrics["run_id"] == run_id]
+        gaps = missing_inputs(needed, rows, {run_id: events.runs[run_id]})
+        if gaps:
+            out[run_id] = gaps
+    return out
+
+
+def gap_message(model: Any, gaps: dict[str, dict[str, list[str]]],
+                metrics: pd.DataFrame | None) -> str:
+    """One line naming the first missing input and the runs that lack it."""
+    source, columns = next(iter(next(iter(gaps.values())).items()))
+    runs = [r for r, g in gaps.items() if source in g]
+    shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+    what = f"--model ({getattr(model, 'kind', 'model')}) needs"
+    if source.startswith("calendar:"):
+        kind = source.split(":", 1)[1]
+        return (f"{what} the run calendar's '{kind}' ({columns[0]}); run(s) {shown} have no "
+                f"'{kind}_every' calendar in their metadata")
+    have = set() if metrics is None else set(metrics["run_id"].astype(str))
+    lack = "no device metrics" if not have & set(runs) else f"no '{source}' device metric"
+    return f"{what} device metric '{source}' ({columns[0]}); run(s) {shown} have {lack}"
+
+
+def run_models(model: Any | None, events: Events, metrics: pd.DataFrame | None,
+               run_ids: list[str], config: EvalConfig) -> dict[str, Any]:
+    """The model each run is forecast with: bound to the run's device metrics when it reads
+    covariates (:class:`WithDeviceMetrics`). A run lacking one of its inputs is refused in one
+    line (:func:`gap_message`), or, with ``config.fallback``, left to
+    :func:`~bubblecast.policy.forecasting.model_failed` (its features lack the columns)."""
+    if model is None:
+        return {r: None for r in run_ids}
+    from bubblecast.dataset.covariates import covariate_columns, covariate_input
+    from bubblecast.dataset.online_frame import model_columns
+
+    needed = covariate_columns(sorted(model_columns(model)))
+    trained = model_dataset_config(model, [int(h) for h in getattr(model, "horizons_", [1])])
+    gaps = covariate_gaps(needed, events, metrics, run_ids)
+    if gaps and config.fallback is None:
+        raise BubblecastError(f"{gap_message(model, gaps, metrics)} (--fallback trend evaluates "
+                              "them with the built-in forecaster instead)")
+    reads = any(not str(covariate_input(c)).startswith("calendar:") for c in needed)
+    out = {}
+    for run_id in run_ids:
+        rows = None if metrics is None or not reads else metrics[metrics["run_id"] == run_id]
+        missing = gap_message(model, {run_id: gaps[run_id]}, rows) if run_id in gaps else None
+        if missing is None and (rows is None or rows.empty):
+            out[run_id] = model
+            continue
+        one = events.run(run_id) if len(events.run_ids) > 1 else events
+        out[run_id] = WithDeviceMetrics(model, one.frame, rows, trained, missing)
+    return out
+
+
 def evaluate_events(events: Events, names: list[str], config: EvalConfig | None = None,
-                    model: Any | None = None, run_ids: list[str] | None = None
+                    model: Any | None = None, run_ids: list[str] | None = None,
+                    metrics: pd.DataFrame | None = None
                     ) -> tuple[dict[str, Any], dict[str, dict[str, PolicyTrace]]]:
-    """The ``policy-eval`` report over the runs of ``events`` and the per-run traces."""
+    """The ``policy-eval`` report over the runs of ``events`` and the per-run traces;
+    ``metrics``: the runs' ``device_metrics`` rows, for a model that reads covariates."""
     config = config or EvalConfig()
     bad = [n for n in names if n not in KNOWN]
     if bad:
@@ -290,13 +371,18 @@ def evaluate_events(events: Events, names: list[str], config: EvalConfig | None 
                               f"{', '.join(KNOWN)})")
     if not names:
         raise BubblecastError("--policies: name at least one policy")
+    if metrics is not None:
+        metrics = metrics.assign(run_id=metrics["run_id"].astype(str))
+    wanted = list(run_ids or events.run_ids)
+    models = run_models(model, events, metrics, wanted, config)
     reports, traces = [], {}
-    for run_id in run_ids or events.run_ids:
+    for run_id in wanted:
         if is_document_run(events, run_id):
-            report, tr = evaluate_work_run(events, run_id, names, config, model, _compare)
+            report, tr = evaluate_work_run(events, run_id, names, config, models[run_id],
+                                           _compare)
         else:
             run = load_run(events, run_id, config.layers_per_stage)
-            report, tr = evaluate_run(run, names, config, model, events)
+            report, tr = evaluate_run(run, names, config, models[run_id], events)
         reports.append(report)
         traces[run_id] = tr
     return combine(reports, names, config), traces
@@ -308,8 +394,12 @@ def combine(reports: list[dict[str, Any]], names: list[str], config: EvalConfig
     modes = sorted({r["mode"] for r in reports})
     notes = list(dict.fromkeys(r["note"] for r in reports))
     fc = next((r["forecaster"] for r in reports if r["forecaster"]), None)
+    failed = {r["run_id"]: r["fallback"] for r in reports if r.get("fallback")}
+    if failed:  # the model is not what forecast those runs: say so where the forecaster is named
+        fc = next(r["forecaster"] for r in reports if r.get("fallback"))
+    fallback = {"forecaster": config.fallback, "runs": failed} if failed else None
     result = {"mode": modes[0] if len(modes) == 1 else "mixed", "note": " | ".join(notes),
-              "forecaster": fc, "migration": config.migration.to_json(),
+              "forecaster": fc, "fallback": fallback, "migration": config.migration.to_json(),
               "policies": aggregate(reports, names),
               "runs": {r["run_id"]: r for r in reports}}
     return result
@@ -328,6 +418,7 @@ def evaluate_unit(unit: Any, format: str, names: list[str], config: EvalConfig,
     """One unit of a fleet ``policy-eval`` (a fleet run, or a file), on any worker: its runs'
     reports and traces (``model``, a model directory or URI, is loaded once per process)."""
     from bubblecast.telemetry.importers import load_events, require_per_op, timing_of
+    from bubblecast.telemetry.metrics import read_metrics
 
     try:
         events = load_events(unit.path, format)
@@ -344,7 +435,9 @@ def evaluate_unit(unit: Any, format: str, names: list[str], config: EvalConfig,
     if wanted:
         fc = _model(model) if model is not None and {"predictive", "balance"} & set(names) \
             else None
-        result, out["traces"] = evaluate_events(events, names, config, fc, run_ids=wanted)
+        metrics = read_metrics(unit.path) if fc is not None else None
+        result, out["traces"] = evaluate_events(events, names, config, fc, run_ids=wanted,
+                                                metrics=metrics)
         out["reports"] = list(result["runs"].values())
     return out
 

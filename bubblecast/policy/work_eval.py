@@ -10,10 +10,10 @@ sees (:class:`~bubblecast.policy.work_policies.WorkContext`: the documents, and 
 the steps before); every plan is checked to place each of the step's documents exactly once
 within the token budget (a violation is an internal error). The plans are then timed against
 the truth (a run recorded on real hardware, which has none, against its own fit:
-:mod:`bubblecast.policy.work_truth`), the same for every policy: each micro-batch's true cost (the true ``WorkCost`` on
-its documents) times its stage's F/B/W times the rank's true speed at that step, without
-noise, with :mod:`bubblecast.sim.steptime` on the run's schedule, each replica with its own
-micro-batch count; a step takes its slowest replica's time.
+:mod:`bubblecast.policy.work_truth`), the same for every policy: each micro-batch's true cost
+(the true ``WorkCost`` on its documents) times its stage's F/B/W times the rank's true speed
+at that step, without noise, with :mod:`bubblecast.sim.steptime` on the run's schedule, each
+replica with its own micro-batch count; a step takes its slowest replica's time.
 
 Per policy, beside the keys every policy-eval row has (``step_s``, ``bubble_fraction``,
 ``speedup_vs_static``, ``oracle_share``, ``actions``: steps whose plan differs from the
@@ -36,6 +36,7 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.decision import Decision
+from bubblecast.policy.forecasting import model_failed
 from bubblecast.policy.run_data import logged_partitions
 from bubblecast.policy.work_fit import microbatch_table
 from bubblecast.policy.work_plan import PlanConfig, WorkPlan, plan_static
@@ -254,22 +255,23 @@ def cost_model_for(spec: Any, run_id: str) -> Any:
 
 
 def _balance(context: WorkContext, events: Events, config: Any, model: Any
-             ) -> tuple[WorkPolicy, str]:
-    """The balance policy for the run and a note on its speed forecaster."""
+             ) -> tuple[WorkPolicy, str, str | None]:
+    """The balance policy for the run, a note on its speed forecaster and, when the model
+    could not forecast the run and ``config.fallback`` allowed the trend, why."""
     from bubblecast.policy.work_speeds import model_speed_table
 
     params = dict(getattr(config, "policy_params", {}).get("balance", {}))
     params.setdefault("cost_model", cost_model_for(getattr(config, "cost_model", None),
                                                    context.run_id))
-    note = TREND
+    note, failed = TREND, None
     if model is not None:
         try:
             params["speed_table"], params["speed_signal"] = model_speed_table(
                 model, events, context)
             note = f"trained model '{getattr(model, 'kind', 'model')}' (trend where it has none)"
         except BubblecastError as exc:
-            note = f"model not usable on this run ({exc}); fell back to the {TREND}"
-    return make_work_policy("balance", **params), note
+            note, failed = model_failed(exc, config, TREND), str(exc)
+    return make_work_policy("balance", **params), note, failed
 
 
 def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any,
@@ -285,10 +287,10 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
                               f"{','.join(WORK_POLICIES)})")
     context, truth = load_document_run(events, run_id)
     loader = [plan_static(x, context.config) for x in context.lengths]
-    costs, traces, forecaster = [], {}, None
+    costs, traces, forecaster, failed = [], {}, None, None
     for name in wanted:
         if name == "balance":
-            policy, forecaster = _balance(context, events, config, model)
+            policy, forecaster, failed = _balance(context, events, config, model)
         else:
             policy = make_work_policy(name, truth)
         per, traces[name] = _run_policy(policy, context, truth, loader)
@@ -307,7 +309,7 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     ev = events.run(run_id) if len(events.run_ids) > 1 else events
     note = NOTE if has_sim_truth(ev, run_id) else ESTIMATED_NOTE
     report = {"run_id": run_id, "mode": MODE, "note": note, "steps": len(context.lengths),
-              "forecaster": forecaster,
+              "forecaster": forecaster, "fallback": failed,
               "oracle_gain": oracle["gain_vs_static"] if oracle["oracle_share"] is not None
               else None,
               "migration": {"source": "none: plans move documents, never layers"},
