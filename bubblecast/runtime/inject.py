@@ -9,14 +9,17 @@ Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=v
   the emulated device heats up before it slows down, as the RC model of
   :mod:`bubblecast.sim.thermal` says a device whose cooling degrades does (power taken
   proportional to the clock, ambient ``T_AMB`` = 35 C, throttle threshold ``T_THROTTLE`` =
-  85 C, healthy ``T_HEALTHY`` = 75 C). The fault's uncontrolled steady state is
+  85 C, healthy ``T_HEALTHY`` = 75 C; the device starts the job at ambient and warms up to
+  its healthy level with time constant ``WARM_STEPS``). The fault's uncontrolled steady
+  state is
   ``T_ss = T_AMB + factor (T_THROTTLE - T_AMB)`` (holding the threshold then takes a clock
   ``factor`` times lower: the slowdown); from step ``start - L`` the temperature climbs
   ``T_ss - (T_ss - T_HEALTHY) exp(-(step - start + L) / tau)``, the time constant ``tau``
   chosen so that it reaches the threshold exactly at ``start``, where the slowdown begins;
   while throttled it holds the threshold, and from ``end`` it cools back to ``T_HEALTHY``
   with the same ``tau``. The recorder writes it as the ``temperature_c`` device metric of
-  that rank at every step.
+  that rank at every step, and the emulated device's slowdown threshold (``T_THROTTLE``, the
+  device's specification, as NVML reports a GPU's) as ``temperature_slowdown_c``.
 - Spike: ``rank=0,every=50,extra=0.2[,length=1][,start=0][,end=N]``: on ``length`` steps out
   of every ``every`` (from ``start``), each compute op of ``rank`` takes ``1 + extra`` times
   its measured time.
@@ -46,6 +49,8 @@ _SPIKE_KEYS = {"rank", "replica", "every", "extra", "length", "start", "end"}
 _INT_KEYS = {"rank", "replica", "start", "ramp", "end", "every", "length", "lead"}
 #: Emulated device temperatures (deg C): healthy, throttle threshold, degraded steady state.
 T_AMB, T_HEALTHY, T_THROTTLE = 35.0, 75.0, 85.0
+#: Time constant (steps) of the emulated device's warm-up from ambient at the job's start.
+WARM_STEPS = 4.0
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,10 @@ class Injection:
             heat = T_HEALTHY + (T_THROTTLE - T_HEALTHY) * math.exp(-(step - self.end) / tau)
         elif step >= self.start:
             heat = T_THROTTLE
+        elif step >= self.start - self.lead:
+            heat = t_ss - (t_ss - T_HEALTHY) * math.exp(-(step - self.start + self.lead) / tau)
         else:
-            heat = t_ss - (t_ss - T_HEALTHY) * math.exp(
-                -max(0, step - self.start + self.lead) / tau)
+            heat = T_HEALTHY - (T_HEALTHY - T_AMB) * math.exp(-max(0, step) / WARM_STEPS)
         return float(round(heat, 1))
 
     def to_json(self) -> dict[str, Any]:

@@ -4,15 +4,20 @@
 training thread's hot path: :meth:`DeviceSampler.request` only queues the step):
 
 - **NVIDIA GPUs**, through NVML (``nvidia-ml-py``, imported lazily; absent: no GPU rows):
-  ``temperature_c`` (GPU core), ``sm_clock_mhz``, ``power_w`` and ``throttle`` (the
-  clock-event/throttle reasons bitmask, 0 = none);
+  ``temperature_c`` (GPU core), ``sm_clock_mhz``, ``power_w``, ``throttle`` (the
+  clock-event/throttle reasons bitmask, 0 = none) and ``temperature_slowdown_c`` (the
+  device's slowdown temperature, ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``: where it starts
+  lowering its clocks);
 - **CPU** (Linux): ``cpu_temp_c`` (the hottest ``/sys/class/thermal/thermal_zone*/temp``),
   ``cpu_mhz`` (mean ``/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq``, else
   ``/proc/cpuinfo``'s ``cpu MHz``) and ``load1`` (1-minute load average); a source the
   machine lacks is skipped;
 - **emulated devices** (``--inject ...,lead=L``): the emulated temperature
   (:meth:`bubblecast.runtime.inject.Injection.temperature`) as ``temperature_c``, recorded
-  at every step of the rank (it is what a real device would report).
+  at every step of the rank (it is what a real device would report), and the emulated
+  device's slowdown temperature (:data:`bubblecast.runtime.inject.T_THROTTLE`, its
+  specification, as NVML reports a GPU's) as ``temperature_slowdown_c`` once, at its first
+  step.
 
 Known-future rows (``tokens`` announced by the training loop) are added by the recorder
 itself (:meth:`bubblecast.runtime.rank_recorder.Recorder.announce_tokens`).
@@ -28,7 +33,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 Row = tuple[int, str, float]  # (step, metric, value)
+#: The device metric of the slowdown (throttle) temperature: NVML's, or the emulated device's.
+SLOWDOWN_METRIC = "temperature_slowdown_c"
 
 
 def _read_float(path: str) -> float | None:
@@ -76,6 +85,11 @@ def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
         return None
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    try:  # the device's specification: read once
+        slowdown: float | None = float(pynvml.nvmlDeviceGetTemperatureThreshold(
+            handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
+    except Exception:  # noqa: BLE001 - not reported by this device or driver: no row
+        slowdown = None
 
     def read() -> dict[str, float]:
         out = {"temperature_c": float(pynvml.nvmlDeviceGetTemperature(
@@ -84,6 +98,8 @@ def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}
         if reasons is not None:
             out["throttle"] = float(reasons(handle))
+        if slowdown is not None:
+            out[SLOWDOWN_METRIC] = slowdown
         return out
 
     return read
@@ -148,14 +164,18 @@ class MetricLog:
             if enabled else []
         self.sampler = DeviceSampler(device, every) if every > 0 and enabled else None
         self.rows: list[Row] = []
+        self._spec_sent = False
 
     def begin_step(self, step: int) -> None:
         """At a step's start: the emulated temperature now; a sample when one is due."""
         if self.injections:
-            from bubblecast.runtime.inject import temperatures
+            from bubblecast.runtime.inject import T_THROTTLE, temperatures
 
             temp = temperatures(self.injections, self.rank, step)
             if temp is not None:
+                if not self._spec_sent:  # the emulated device's specification, once
+                    self.rows.append((step, SLOWDOWN_METRIC, T_THROTTLE))
+                    self._spec_sent = True
                 self.rows.append((step, "temperature_c", temp))
         if self.sampler is not None:
             self.sampler.request(step)
@@ -168,6 +188,21 @@ class MetricLog:
             if name == metric:
                 return value
         return None
+
+    def asof(self, metric: str, steps: list[int]) -> np.ndarray:
+        """Per step of ``steps``: the last value of ``metric`` recorded at or before it (NaN:
+        none yet)."""
+        if self.sampler is not None:
+            self.rows.extend(self.sampler.take())
+        pairs = sorted((s, v) for s, name, v in self.rows if name == metric)
+        out = np.full(len(steps), np.nan)
+        if not pairs:
+            return out
+        at = np.array([s for s, _ in pairs])
+        idx = np.searchsorted(at, np.asarray(steps, dtype=np.int64), side="right") - 1
+        ok = idx >= 0
+        out[ok] = np.array([v for _, v in pairs])[idx[ok]]
+        return out
 
     def announce_tokens(self, step: int, tokens_per_microbatch: float) -> None:
         if self.enabled:

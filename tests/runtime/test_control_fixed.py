@@ -1,5 +1,6 @@
-"""The live loop's fixed-cost model (History.fixed) and the thermal lead's device constants and
-onset (no processes)."""
+"""The live loop's fixed-cost model (History.fixed) and the thermal lead's constants, estimated
+from the device's telemetry, and onset (no processes). The emulator (runtime/inject.py) only
+produces the temperatures here, as a device would; the lead never sees the fault."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.runtime.control.lead import ThermalLead
 from bubblecast.runtime.control.observe import History
-from bubblecast.runtime.inject import parse_inject
+from bubblecast.runtime.inject import T_AMB, T_THROTTLE, parse_inject
 
 LAYER = 0.8e-3  # seconds per layer per micro-batch (F + B), the live benchmark's
 M = 4
@@ -62,26 +63,45 @@ def test_speeds_do_not_jump_when_layers_move_with_the_fixed_cost_known() -> None
     assert no_fixed.fixed(no_fixed.costs()) == 0.0
 
 
-def test_the_lead_uses_the_emulated_device_constants() -> None:
-    spec = "rank=1,factor=2,start=100,ramp=60,lead=30"
+def _boundaries(lead: ThermalLead, spec: str, until: int, slowdown: float = T_THROTTLE,
+                every: int = 10) -> None:
+    """Feed ``lead`` the emulated device's per-step temperatures as the controller gathers
+    them (rank 0 healthy and reporting none; rank 1 the faulty one)."""
     inj = parse_inject(spec)[0]
-    lead = ThermalLead.for_injections([inj])
-    assert inj.thermal is not None and lead.tau_steps == inj.thermal[1]
-    assert ThermalLead.for_injections(parse_inject("rank=1,factor=2")).tau_steps == 150.0
-    for step in range(9, 90, 10):  # boundaries every 10 steps, 10+ steps before the slowdown
+    for b in range(every - 1, until, every):
+        steps = list(range(b - every + 1, b + 1))
         lead.note_speeds(np.array([1.0, 1.0]))
-        lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
-    assert set(lead.active) == {1} and abs(lead.active[1] - 2.0) < 0.1
-    assert lead.onset[1] < 100 - 10  # first predicted at least 10 steps ahead
+        lead.add(steps, np.array([[np.nan, inj.temperature(s)] for s in steps]),
+                 np.array([np.nan, slowdown]))
+
+
+@pytest.mark.parametrize(("factor", "lead_steps"), [(2.0, 30), (1.5, 20), (3.0, 45)])
+def test_the_lead_estimates_its_constants_from_the_temperatures(factor: float,
+                                                                lead_steps: int) -> None:
+    spec = f"rank=1,factor={factor},start=100,ramp=60,lead={lead_steps}"
+    lead = ThermalLead()
+    _boundaries(lead, spec, until=90)  # 10+ steps before the slowdown
+    assert set(lead.active) == {1}
+    # the fit of 20 or fewer heating samples (0.1 C resolution) gets the slowdown to 10%
+    assert abs(lead.active[1] / factor - 1.0) < 0.1
+    assert abs(lead._cross[1] - 100) <= 2 and lead.onset[1] <= 100 - 10
+    c = lead.constants[1]
+    assert c["t_amb"] == T_AMB and c["t_throttle"] == T_THROTTLE  # coldest reading; reported
+
+
+def test_the_lead_uses_the_reported_threshold_not_a_constant() -> None:
+    spec = "rank=1,factor=2,start=100,ramp=60,lead=30"
+    high = ThermalLead()
+    _boundaries(high, spec, until=90, slowdown=95.0)  # the device says: slows at 95 C
+    assert high.constants[1]["t_throttle"] == 95.0 and high._cross[1] > 105
+    silent = ThermalLead()
+    _boundaries(silent, spec, until=90, slowdown=np.nan)  # reports no threshold
+    assert silent.active == {} and silent.unknown == {1}
 
 
 def test_the_lead_forecast_ramps_in_over_the_device_clock_steps() -> None:
-    inj = parse_inject("rank=1,factor=2,start=100,ramp=60,lead=30")[0]
-    lead = ThermalLead.for_injections([inj])
-    assert lead.ramp_steps == 60.0
-    for step in range(9, 90, 10):
-        lead.note_speeds(np.array([1.0, 1.0]))
-        lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
+    lead = ThermalLead(ramp_steps=60.0)
+    _boundaries(lead, "rank=1,factor=2,start=100,ramp=60,lead=30", until=90)
     hz = np.array([1, 8, 16, 32, 64, 128])
     out = lead.adjust(np.ones((len(hz), 2, 3)), hz, now=89)
     f, cross = lead.active[1], lead._cross[1]
@@ -89,14 +109,13 @@ def test_the_lead_forecast_ramps_in_over_the_device_clock_steps() -> None:
                 for h in hz]
     assert np.allclose(out[:, 1, 1], expected) and np.all(out[:, 0] == 1.0)
     assert out[0, 1, 1] == 1.0 and 1.2 < out[3, 1, 1] < f - 0.2 and out[-1, 1, 1] == f
-    step_lead = ThermalLead(**{**{k: getattr(lead, k) for k in ("t_amb", "t_throttle",
-                                                               "tau_steps")}, "ramp_steps": 0})
+    step_lead = ThermalLead(ramp_steps=0)
     step_lead._factor, step_lead._cross, step_lead._healthy_speed = {1: f}, {1: cross}, {1: 1.0}
     assert step_lead.adjust(np.ones((len(hz), 2, 3)), hz, now=89)[3, 1, 1] == f  # at once
 
 
-@pytest.mark.parametrize("bad", [{"t_throttle": 30.0}, {"tau_steps": 0.0}, {"ramp_steps": -1.0},
-                                 {"window": 1}, {"min_rise": 0.0}, {"max_factor": 0.5}])
+@pytest.mark.parametrize("bad", [{"ramp_steps": -1.0}, {"window": 2}, {"min_samples": 2},
+                                 {"min_rise": 0.0}, {"max_factor": 0.5}, {"limit": 5}])
 def test_thermal_lead_rejects_impossible_constants(bad: dict) -> None:
     with pytest.raises(BubblecastError, match="ThermalLead"):
         ThermalLead(**bad)

@@ -16,10 +16,14 @@ from bubblecast.runtime.inject import parse_inject
 
 
 def _feed(lead: ThermalLead, spec: str, until: int, every: int = 10) -> None:
+    """The healthy rank 0 at 75 C, rank 1 the emulated device; both report an 85 C slowdown
+    temperature (as NVML would)."""
     inj = parse_inject(spec)[0]
-    for step in range(every - 1, until, every):
+    for b in range(every - 1, until, every):
+        steps = list(range(b - every + 1, b + 1))
         lead.note_speeds(np.array([1.0, 1.0]))
-        lead.add(step, np.array([75.0, inj.temperature(step + 1)]))
+        lead.add(steps, np.array([[75.0, inj.temperature(s)] for s in steps]),
+                 np.array([85.0, 85.0]))
 
 
 def test_predicts_the_crossing_and_the_slowdown_before_it_happens():
@@ -38,19 +42,22 @@ def test_healthy_or_missing_temperatures_change_nothing():
     lead = ThermalLead()
     for step in range(9, 200, 10):
         lead.note_speeds(np.array([1.0, 1.0]))
-        lead.add(step, np.array([75.0, 75.0 + (step % 20 == 9)]))  # sensor flicker
-        lead.add(step, np.array([np.nan, np.nan]))
+        lead.add([step], np.array([[75.0, 75.0 + (step % 20 == 9)]]),  # sensor flicker
+                 np.array([85.0, 85.0]))
+        lead.add([step], np.array([[np.nan, np.nan]]))
     assert lead.active == {}
     q = np.random.default_rng(0).uniform(1, 2, (4, 2, 3))
     np.testing.assert_array_equal(lead.adjust(q, np.arange(1, 5), now=200), q)
 
 
 def test_temperature_travels_with_the_gathered_compute():
-    rows = np.stack([pack([1.0, 2.0], 2, [], 3), pack([3.0, 4.0], 2, [], 3, 81.5)])
+    rows = np.stack([pack([1.0, 2.0], 2, [], 3),
+                     pack([3.0, 4.0], 2, [], 3, [80.5, 81.5], 85.0)])
     compute, _, _ = unpack(rows, 2, 3)
     assert compute.tolist() == [[1.0, 3.0], [2.0, 4.0]]
-    temps = unpack_temperatures(rows, 2, 3)
-    assert np.isnan(temps[0]) and temps[1] == 81.5
+    temps, slowdown = unpack_temperatures(rows, 2, 3)
+    assert np.isnan(temps[:, 0]).all() and temps[:, 1].tolist() == [80.5, 81.5]
+    assert np.isnan(slowdown[0]) and slowdown[1] == 85.0
 
 
 class _Flat:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.inject import T_THROTTLE, parse_inject
-from bubblecast.runtime.sampler import MetricLog, cpu_readings
+from bubblecast.runtime.inject import T_AMB, T_THROTTLE, parse_inject
+from bubblecast.runtime.sampler import SLOWDOWN_METRIC, MetricLog, cpu_readings
 from bubblecast.telemetry.metrics import read_metrics
 
 
@@ -36,7 +36,11 @@ def test_metric_log_writes_emulated_temperature_and_tokens(tmp_path):
     log.close(tmp_path)
     frame = read_metrics(tmp_path)
     temp = frame[frame["metric"] == "temperature_c"].set_index("step")["value"]
-    assert len(temp) == 30 and temp[5] == 75.0 and temp[20] == T_THROTTLE
+    assert len(temp) == 30 and temp[0] == T_AMB and temp[5] < 75.0  # warms up from ambient
+    assert temp[20] == T_THROTTLE
+    spec = frame[frame["metric"] == SLOWDOWN_METRIC]  # the device's threshold, once
+    assert spec["step"].tolist() == [0] and spec["value"].tolist() == [T_THROTTLE]
+    assert log.asof("temperature_c", [-1, 5, 40]).tolist()[1:] == [temp[5], T_THROTTLE]
     assert frame.loc[frame["metric"] == "tokens", "step"].max() == 34
 
 

@@ -30,7 +30,7 @@ class ControllerConfig:
     speed history goes through (1: raw steps). ``bandwidth_Bps``, ``pause_s``,
     ``optimizer_factor``: the migration-cost constants until the run has measured its own
     migrations (defaults: CPU, gloo, Adam; ``benchmarks/results/migration.json``).
-    ``lead``: the predictive policy's built-in forecaster takes in the ranks' temperatures
+    ``thermal_lead``: the predictive policy's built-in forecaster takes in the ranks' temperatures
     (device metric ``temperature_c``), a leading signal of thermal throttling
     (:mod:`.lead`); no effect where no rank reports a temperature.
     """
@@ -49,7 +49,7 @@ class ControllerConfig:
     bandwidth_Bps: float = 5e8
     pause_s: float = 0.02
     optimizer_factor: float = 2.0
-    lead: bool = True
+    thermal_lead: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

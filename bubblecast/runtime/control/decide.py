@@ -75,8 +75,7 @@ class Decider:
     """
 
     def __init__(self, config: ControllerConfig, plan: Any, param_bytes: np.ndarray,
-                 external: DeciderFactory | None = None, injections: list | None = None
-                 ) -> None:
+                 external: DeciderFactory | None = None) -> None:
         c = self.config = config
         self.history = History(plan.stages, plan.layers, limit=c.history,
                                cost_samples=c.cost_samples,
@@ -91,10 +90,10 @@ class Decider:
         self.note: str | None = None
         self._raw: np.ndarray | None = None
         self.lead = None
-        if c.policy == "predictive" and c.lead:
+        if c.policy == "predictive" and c.thermal_lead:
             from bubblecast.runtime.control.lead import ThermalLead
 
-            self.lead = ThermalLead.for_injections(injections or [])
+            self.lead = ThermalLead()  # its constants come from the ranks' device metrics
         if c.policy == "predictive" and c.service is not None:
             self.policy = make_policy(c)  # the service runs it: send its knobs
             if external is None:
@@ -123,8 +122,9 @@ class Decider:
                          [m for _, _, m in pend])
         self.history.add_samples(fwd, tot)
         if self.lead is not None and pend:
-            self.lead.add(pend[-1][0], unpack_temperatures(rows, self.config.every,
-                                                           len(self.param_bytes)))
+            temps, slowdown = unpack_temperatures(rows, self.config.every,
+                                                  len(self.param_bytes))
+            self.lead.add([s for s, _, _ in pend], temps, slowdown)
 
     def decide(self, plan: Any, step: int, last_move: int | None
                ) -> tuple[Decision, dict[str, Any]]:
@@ -219,6 +219,10 @@ class Decider:
                 leading = self.lead.leading(recent)
                 if self.lead.active:
                     facts["lead"] = {str(r): round(f, 3) for r, f in self.lead.active.items()}
+                    facts["lead_constants"] = {str(r): self.lead.constants[r]
+                                               for r in self.lead.active}
+                if self.lead.unknown:
+                    facts["lead_unknown"] = sorted(self.lead.unknown)
             if leading:
                 state = self._lead_state(state)
             decision = self._decide_leading(state) if leading else self.policy.decide(state)

@@ -2,120 +2,157 @@
 
 A device whose cooling degrades heats up before its clock drops (the RC model of
 :mod:`bubblecast.sim.thermal`: ``dT/dt = (P R - (T - T_amb)) / (R C)``). Heating with power
-``P`` into resistance ``R``, the temperature heads for ``T_ss = T_amb + P R`` with time
-constant ``tau``, so ``T_ss = T + tau dT/dt``; once ``T`` reaches the throttle threshold the
+``P`` into resistance ``R``, the temperature heads for ``T_ss = T_amb + P R`` along
+``T(t) = T_ss - (T_ss - T_0) exp(-t / tau)``; once ``T`` reaches the slowdown threshold the
 device holds it by lowering its clock (power proportional to the clock) to
 ``(T_thr - T_amb) / (T_ss - T_amb)`` of the maximum: its ops become
 ``f = (T_ss - T_amb) / (T_thr - T_amb)`` times slower.
 
-:class:`ThermalLead` keeps each rank's temperature at the control boundaries and, while a
-rank heats (a rise of at least ``min_rise`` over its healthy level, and a positive slope since
-its last healthy sample, over at most ``window`` samples), predicts the step it reaches the
-threshold and the slowdown ``f`` it will then settle at (the last prediction is kept while
-the rank throttles: its temperature stops rising then). :meth:`ThermalLead.adjust` turns
-that into the forecast the predictive policy plans with: at horizons past the crossing, each
-quantile at least the rank's healthy speed times the slowdown reached by then, which steps in
-over ``ramp_steps`` (the device lowers its clock one bin at a time: one step per bin in
-:mod:`bubblecast.sim.thermal`; 0: at once). The policy then times its move to the slowdown's
-path (:attr:`bubblecast.policy.policies.PredictivePolicy.timing`) instead of moving for the
-full slowdown before it starts. Ranks without temperatures (no
-device metric, the plain ``--inject`` ramp) are left alone: the policy is then exactly the
-one without a lead.
+Every constant comes from the run's own telemetry, nothing from the fault:
 
-The device constants (ambient, threshold, ``tau`` and ``ramp_steps`` in steps) are those of the
-emulated device (:mod:`bubblecast.runtime.inject`, :meth:`ThermalLead.for_injections`: its
-clock steps down over the fault's ``ramp``, and its ``tau`` follows the fault's lead, so the
-emulated device's own is used rather than a fixed guess, which misreads the slowdown ``f``); on
-real GPUs they are the device's own (NVML reports the slowdown temperature; ``tau`` is
-measured once per device model). :attr:`ThermalLead.onset` is the step each rank was first
-predicted to throttle: the controller lets the lead's first move through the hold after an
-earlier move (the hold guards against reacting to noise twice, not against a new, announced
-fault).
+- ``T_thr``: the slowdown temperature the device reports (device metric
+  ``temperature_slowdown_c``: NVML's ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`` on a GPU, the
+  emulated device's specification under ``--inject``); a rank that reports none gets no
+  prediction (listed in :attr:`ThermalLead.unknown`);
+- ``T_amb``: the coldest temperature the rank reported in the run (a device starts the job
+  near ambient, before its load warms it);
+- ``T_ss`` and ``tau``: a least-squares fit of the curve above to the rank's temperatures since
+  its last healthy sample (at most ``window`` of them; for each ``tau`` on a log grid the
+  curve is linear in ``T_ss`` and ``T_0``; a fit at the grid's longest ``tau`` shows no
+  curvature yet and predicts nothing).
+
+:class:`ThermalLead` keeps each rank's temperature per step and, while a rank heats (a rise of
+at least ``min_rise`` over its healthy level, the median of its readings), predicts the step it
+reaches the threshold and the slowdown ``f`` it will then settle at (the last prediction is
+kept while the rank throttles: its temperature stops rising then). :meth:`ThermalLead.adjust`
+turns that into the forecast the predictive policy plans with: at horizons past the crossing,
+each quantile at least the rank's healthy speed times the slowdown reached by then, which steps
+in over ``ramp_steps`` (how many steps the device takes to lower its clock; 0: at once). The
+policy then times its move to the slowdown's path
+(:attr:`bubblecast.policy.policies.PredictivePolicy.timing`). Ranks without temperatures (no
+device metric, the plain ``--inject`` ramp) are left alone: the policy is then exactly the one
+without a lead. :attr:`ThermalLead.onset` is the step each rank was first predicted to
+throttle: the controller lets the lead's first move through the hold after an earlier move
+(the hold guards against reacting to noise twice, not against a new, announced fault).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bubblecast.errors import BubblecastError
-from bubblecast.runtime.inject import T_AMB, T_THROTTLE
+
+#: Time constants (steps) the heating fit tries.
+TAU_GRID = np.geomspace(2.0, 5000.0, 160)
+
+
+def fit_heating(x: np.ndarray, temps: np.ndarray) -> tuple[float, float, float]:
+    """``(T_ss, T_0, tau)`` of ``T(x) = T_ss - (T_ss - T_0) exp(-x / tau)`` fitted by least
+    squares to ``temps`` at steps ``x`` (from 0), ``tau`` on :data:`TAU_GRID`."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(temps, dtype=np.float64)
+    e = np.exp(-x[None, :] / TAU_GRID[:, None])  # (G, n)
+    ones = np.ones_like(x)
+    best = (np.inf, float(y[-1]), float(y[0]), float(TAU_GRID[-1]))
+    for g, tau in enumerate(TAU_GRID):
+        design = np.stack([ones, e[g]], axis=1)
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        sse = float(np.sum((design @ coef - y) ** 2))
+        if sse < best[0]:
+            a, b = float(coef[0]), float(coef[1])
+            best = (sse, a, a + b, float(tau))
+    return best[1], best[2], best[3]
 
 
 @dataclass
 class ThermalLead:
     """Per-rank temperature tracking and the slowdown it predicts (module doc)."""
 
-    t_amb: float = T_AMB
-    t_throttle: float = T_THROTTLE
-    tau_steps: float = 150.0
     ramp_steps: float = 0.0
-    window: int = 8
+    window: int = 30
+    min_samples: int = 5
     min_rise: float = 2.0
     max_factor: float = 4.0
+    limit: int = 512
     steps: list[int] = field(default_factory=list)
     temps: list[np.ndarray] = field(default_factory=list)
+    slowdown: np.ndarray | None = None
+    onset: dict[int, int] = field(default_factory=dict)
+    #: per rank: the constants of its last prediction (``t_amb``, ``t_throttle``, ``t_ss``,
+    #: ``tau``), as estimated from its telemetry
+    constants: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: ranks that heat up but report no slowdown temperature (no prediction for them)
+    unknown: set[int] = field(default_factory=set)
     _factor: dict[int, float] = field(default_factory=dict)
     _cross: dict[int, float] = field(default_factory=dict)
     _healthy_speed: dict[int, float] = field(default_factory=dict)
-    onset: dict[int, int] = field(default_factory=dict)
+    _coldest: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if not self.t_throttle > self.t_amb:
-            raise BubblecastError("ThermalLead: t_throttle must be above t_amb")
-        if not self.tau_steps > 0 or self.ramp_steps < 0 or self.window < 2:
-            raise BubblecastError("ThermalLead: tau_steps > 0, ramp_steps >= 0, window >= 2")
-        if not self.min_rise > 0 or self.max_factor < 1:
-            raise BubblecastError("ThermalLead: min_rise > 0 and max_factor >= 1")
+        if self.ramp_steps < 0 or self.window < 3 or not 3 <= self.min_samples <= self.window:
+            raise BubblecastError("ThermalLead: ramp_steps >= 0, window >= 3 and "
+                                  "3 <= min_samples <= window")
+        if not self.min_rise > 0 or self.max_factor < 1 or self.limit < self.window:
+            raise BubblecastError("ThermalLead: min_rise > 0, max_factor >= 1 and "
+                                  "limit >= window")
 
-    @classmethod
-    def for_injections(cls, injections: list) -> ThermalLead:
-        """A lead with the emulated device's constants (the first thermal fault's ``tau``);
-        the defaults where no injection has a lead."""
-        for inj in injections:
-            model = inj.thermal
-            if model is not None:
-                return cls(t_amb=T_AMB, t_throttle=T_THROTTLE, tau_steps=float(model[1]),
-                           ramp_steps=float(inj.ramp))
-        return cls()
-
-    def add(self, step: int, temps: np.ndarray) -> None:
-        """The ranks' temperatures after ``step`` (NaN: none)."""
-        temps = np.asarray(temps, dtype=np.float64)
-        if not np.isfinite(temps).any():
+    def add(self, steps: list[int] | np.ndarray, temps: np.ndarray,
+            slowdown: np.ndarray | None = None) -> None:
+        """The ranks' temperatures ``(n, P)`` at ``steps`` (NaN: none) and their reported
+        slowdown temperatures ``(P,)`` (NaN: none); then predict."""
+        temps = np.atleast_2d(np.asarray(temps, dtype=np.float64))
+        if slowdown is not None:
+            sd = np.asarray(slowdown, dtype=np.float64)
+            self.slowdown = sd if self.slowdown is None else np.where(np.isfinite(sd), sd,
+                                                                      self.slowdown)
+        keep = np.isfinite(temps).any(axis=1)
+        if not keep.any():
             return
-        self.steps.append(int(step))
-        self.temps.append(temps)
+        for step, row in zip(np.asarray(steps)[keep], temps[keep], strict=True):
+            self.steps.append(int(step))
+            self.temps.append(row)
+            cold = self._coldest
+            self._coldest = row.copy() if cold is None else np.fmin(cold, row)
+        del self.steps[:-self.limit], self.temps[:-self.limit]
         self._predict()
 
     def _predict(self) -> None:
         series = np.array(self.temps)  # (n, P)
         steps = np.array(self.steps, dtype=np.float64)
-        base = np.nanmin(series, axis=0)
-        now = series[-1]
+        with warnings.catch_warnings():  # a rank without any reading: NaN, no warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            healthy = np.nanmedian(series, axis=0)
         for r in range(series.shape[1]):
-            if not np.isfinite(now[r]) or now[r] - base[r] < self.min_rise:
+            now = series[-1, r]
+            if not np.isfinite(now) or now - healthy[r] < self.min_rise:
                 continue
-            if now[r] >= self.t_throttle - 0.5:
+            t_thr = np.nan if self.slowdown is None or r >= len(self.slowdown) \
+                else float(self.slowdown[r])
+            if not np.isfinite(t_thr):
+                self.unknown.add(r)
+                continue
+            if now >= t_thr - 0.5:
                 continue  # throttling: the temperature is held; keep the last prediction
             col = series[:, r]
-            cool = np.flatnonzero(np.isfinite(col) & (col <= base[r] + 0.5))
+            cool = np.flatnonzero(np.isfinite(col) & (col <= healthy[r] + 0.5))
             first = max(int(cool[-1]) if len(cool) else 0, len(col) - self.window)
             keep = np.isfinite(col[first:])
-            if keep.sum() < 2:
+            if keep.sum() < self.min_samples:
                 continue  # the heating since the last healthy sample, at most ``window``
-            slope = float(np.polyfit(steps[first:][keep], col[first:][keep], 1)[0])
-            if slope <= 0:
-                continue
-            t_ss = now[r] + self.tau_steps * slope
-            if t_ss <= self.t_throttle:
+            x = steps[first:][keep]
+            t_ss, t0, tau = fit_heating(x - x[0], col[first:][keep])
+            t_amb = float(self._coldest[r])  # type: ignore[index]
+            if tau >= TAU_GRID[-1] or t_ss <= t_thr or t0 >= t_thr or not t_thr > t_amb:
                 self._factor.pop(r, None)
                 continue
-            self._factor[r] = float(min(self.max_factor, (t_ss - self.t_amb)
-                                        / (self.t_throttle - self.t_amb)))
+            self._factor[r] = float(min(self.max_factor, (t_ss - t_amb) / (t_thr - t_amb)))
             self.onset.setdefault(r, int(steps[-1]))
-            self._cross[r] = steps[-1] + (self.t_throttle - now[r]) / slope
+            self._cross[r] = float(x[0] + tau * np.log((t_ss - t0) / (t_ss - t_thr)))
+            self.constants[r] = {"t_amb": t_amb, "t_throttle": t_thr,
+                                 "t_ss": round(t_ss, 2), "tau": round(tau, 1)}
 
     @property
     def active(self) -> dict[int, float]:

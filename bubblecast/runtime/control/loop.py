@@ -31,6 +31,7 @@ from bubblecast.policy.decision import Decision
 from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending
 from bubblecast.runtime.control.observe import StepProbe, pack
+from bubblecast.runtime.sampler import SLOWDOWN_METRIC
 from bubblecast.runtime.trainer import Trainer, broadcast_action
 
 __all__ = ["Controller", "ControllerConfig"]
@@ -86,8 +87,8 @@ class Controller:
         self._src = 0 if ranks is None else ranks[0]
         self.group = dist.new_group(ranks=ranks, backend="gloo")  # control traffic, CPU
         self.param_bytes = self._gather_param_bytes()
-        self.decider = Decider(config, trainer.plan, self.param_bytes, decider,
-                               trainer.config.injections) if self.rank == 0 else None
+        self.decider = Decider(config, trainer.plan, self.param_bytes, decider) \
+            if self.rank == 0 else None
 
     @property
     def note(self) -> str | None:
@@ -127,9 +128,11 @@ class Controller:
         """Start gathering every rank's compute per step and new layer-cost samples."""
         costs = self.trainer.recorder.layer_costs
         samples, self._cost_seen = costs[self._cost_seen:], len(costs)
-        temp = self.trainer.recorder.metrics.latest("temperature_c")  # the leading signal
+        metrics = self.trainer.recorder.metrics  # the device's: the leading signal
+        temps = metrics.asof("temperature_c", [s for s, _, _ in self._pending])
         mine = torch.from_numpy(pack(self.probe.take(self.config.every), self.config.every,
-                                     samples, self.layers, temp))
+                                     samples, self.layers, temps,
+                                     metrics.latest(SLOWDOWN_METRIC)))
         out = [torch.empty_like(mine) for _ in range(self.world)]
         work = dist.all_gather(out, mine, group=self.group, async_op=True)
         self.boundaries += 1

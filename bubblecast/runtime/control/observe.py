@@ -5,10 +5,11 @@ on its own).
 **Telemetry.** Every rank keeps, per step, the sum of its compute-op (F, B, W) durations, read
 from the recorder's public step hook at each step end (:class:`StepProbe`). At a control
 boundary one ``all_gather`` of a small float64 vector per rank (:func:`pack`: ``[n, compute of
-the last K steps, per-layer forward cost x L, per-layer total cost x L, temperature]``,
-``2 + K + 2L`` values) brings everything to rank 0, where :class:`History` keeps the series the
-policies read: per-step compute per rank, the partition and micro-batch count in force at each
-step, and per-layer cost samples.
+the last K steps, per-layer forward cost x L, per-layer total cost x L, temperature of the last
+K steps, slowdown temperature]``, ``2 + 2K + 2L`` values; the temperatures are the rank's
+device metrics, NaN where it reports none) brings everything to rank 0, where
+:class:`History` keeps the series the policies read: per-step compute per rank, the partition
+and micro-batch count in force at each step, and per-layer cost samples.
 
 **Speed.** Compute seconds per unit of load, per micro-batch:
 ``compute[t, r] / (M_t x (fixed + cost held by r at t))``. Layer costs come from each layer's
@@ -163,17 +164,23 @@ class StepProbe:
 
 
 def pack(compute: list[float], every: int, samples: list[dict[str, Any]],
-         layers: int, temperature: float | None = None) -> np.ndarray:
-    """``[n, compute x every (NaN padded), forward cost x L, total cost x L, temperature]``
-    for one rank; ``samples`` are recorder layer-cost dicts, the latest per layer wins;
-    ``temperature`` the rank's latest ``temperature_c`` device metric (NaN: none)."""
-    out = np.full(2 + every + 2 * layers, np.nan)
-    if temperature is not None:
-        out[-1] = float(temperature)
+         layers: int, temperatures: Any = None, slowdown: float | None = None) -> np.ndarray:
+    """``[n, compute x every, forward cost x L, total cost x L, temperature x every,
+    slowdown]`` for one rank (NaN padded); ``samples`` are recorder layer-cost dicts, the
+    latest per layer wins; ``temperatures`` the rank's ``temperature_c`` device metric at the
+    same steps as ``compute`` (None or NaN: none); ``slowdown`` its reported slowdown
+    temperature (``temperature_slowdown_c``; None: not reported)."""
+    out = np.full(2 + 2 * every + 2 * layers, np.nan)
+    if slowdown is not None:
+        out[-1] = float(slowdown)
     n = min(len(compute), every)
     out[0] = n
     if n:
         out[1:1 + n] = compute[-n:]
+        if temperatures is not None:
+            temps = np.asarray(temperatures, dtype=np.float64)[-n:]
+            first = 1 + every + 2 * layers
+            out[first:first + len(temps)] = temps
     for s in samples:
         i = int(s["layer"])
         if 0 <= i < layers:
@@ -184,8 +191,8 @@ def pack(compute: list[float], every: int, samples: list[dict[str, Any]],
 
 def unpack(rows: np.ndarray, every: int, layers: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gathered ``(P, 2 + every + 2L)`` rows of :func:`pack` -> compute ``(n, P)``, forward
-    ``(P, L)``, total ``(P, L)`` (NaN where a rank sent no sample)."""
+    """Gathered ``(P, 2 + 2 every + 2L)`` rows of :func:`pack` -> compute ``(n, P)``,
+    forward ``(P, L)``, total ``(P, L)`` (NaN where a rank sent no sample)."""
     counts = rows[:, 0].astype(np.int64)
     n = int(counts.min()) if len(counts) else 0
     compute = rows[:, 1:1 + n].T.copy()
@@ -194,11 +201,14 @@ def unpack(rows: np.ndarray, every: int, layers: int
     return compute, fwd, tot
 
 
-def unpack_temperatures(rows: np.ndarray, every: int, layers: int) -> np.ndarray:
-    """The ranks' temperatures ``(P,)`` from gathered rows (NaN where none)."""
-    if rows.shape[1] < 2 + every + 2 * layers:
-        return np.full(rows.shape[0], np.nan)
-    return rows[:, 1 + every + 2 * layers].astype(np.float64)
+def unpack_temperatures(rows: np.ndarray, every: int, layers: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """The ranks' temperatures ``(n, P)`` at the gathered steps (those of :func:`unpack`'s
+    compute) and their slowdown temperatures ``(P,)``, NaN where none."""
+    counts = rows[:, 0].astype(np.int64)
+    n = int(counts.min()) if len(counts) else 0
+    first = 1 + every + 2 * layers
+    return rows[:, first:first + n].T.astype(np.float64), rows[:, -1].astype(np.float64)
 
 
 def held_cost(partitions: np.ndarray, totals: np.ndarray, stages: int) -> np.ndarray:
