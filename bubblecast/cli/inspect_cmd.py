@@ -1,8 +1,15 @@
-"""``bubblecast inspect FILE``: bubble accounting of a telemetry file (SPEC §3)."""
+"""``bubblecast inspect FILE``: bubble accounting of a telemetry file (SPEC §3).
+
+For a run imported from an external format, ``--json`` carries ``input_fixes``: what the
+importer normalised in it (``{"negative_durations_clamped": N}``), from the run metadata; the
+importer said it on stderr when N > 0. Bubblecast events are never fixed and carry none unless
+their metadata records an earlier import's fixes.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -14,6 +21,17 @@ from bubblecast.cli.fleet_options import (
     skip_bad_runs_option,
     skipped_into,
 )
+
+if TYPE_CHECKING:
+    from bubblecast.telemetry.events import Events
+
+
+def _input_fixes(events: Events, summary: dict[str, Any]) -> dict[str, int]:
+    """The summarised run's ``input_fixes`` from its metadata (``{}``: none recorded)."""
+    from bubblecast.telemetry.importers.fixes import input_fixes
+
+    meta = events.runs.get(str(summary.get("run_id")))
+    return input_fixes(meta.extra) if meta is not None else {}
 
 
 @app.command()
@@ -45,6 +63,9 @@ def inspect(
     else:
         analysis, skipped = local_analysis(file, format, run, skip_bad_runs)
         summary = skipped_into(analysis.summary(), skipped)
+        fixes = _input_fixes(analysis.events, summary)
+        if fixes:
+            summary.setdefault("input_fixes", fixes)
         if plot is not None:
             analysis.plot(plot, steps=chosen)
         if perfetto is not None:

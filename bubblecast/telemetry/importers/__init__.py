@@ -2,11 +2,14 @@
 
 Formats (SPEC §3): ``bubblecast`` and ``megatron-ops`` (Parquet), ``kineto`` and
 ``megatron-timeline`` (Chrome-trace JSON, optionally gzipped), ``megatron-log`` and
-``deepspeed-log`` (training-log text, granularity ``step``).
+``deepspeed-log`` (training-log text, granularity ``step``). Every importer of an external
+format clamps clock jitter (negative durations down to -1 ms) to 0 and counts it in the run
+metadata (:mod:`~bubblecast.telemetry.importers.fixes`); ``bubblecast`` events stay strict.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from bubblecast.errors import BubblecastError
@@ -21,6 +24,12 @@ _TRIED = "tried " + ", ".join(FORMATS[1:])
 PER_OP_INPUTS = ("a per-op trace: bubblecast events, a megatron-ops Parquet, a Megatron "
                  "timeline (megatron-timeline) or PyTorch profiler traces with PP: labels "
                  "(kineto)")
+
+
+def _detect_trace(p: Path) -> str:
+    from bubblecast.telemetry.importers import megatron_timeline
+
+    return "megatron-timeline" if megatron_timeline.looks_like(p) else "kineto"
 
 
 def _detect_dir(p: Path) -> str:
@@ -42,8 +51,22 @@ def _detect_dir(p: Path) -> str:
     raise BubblecastError(f"{p}: cannot detect the format ({_TRIED})")
 
 
+def looks_like_json(head: bytes) -> bool:
+    """True when ``head`` (a file's first decompressed bytes) starts a JSON object or array.
+
+    A text log whose lines start with a bracket (``[2024-05-01 10:00:00,123][INFO]...``,
+    ``[Rank 0] time (ms) | ...``, ``[default0]:...``) is no JSON array: an array that can hold
+    a trace opens with an object, another array or its end."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    return text[:1] == b"{" or re.match(rb"\[\s*(?:[{\[\]]|$)", text) is not None
+
+
 def detect_format(path: str | Path) -> str:
-    """Name the format of ``path`` from its content; raise naming the formats tried."""
+    """Name the format of ``path`` from its content; raise naming the formats tried.
+
+    Parquet by its magic bytes and columns; JSON (a Chrome trace) only when the first bytes
+    are JSON (:func:`looks_like_json`), so a text log is read as a log whatever its name; a
+    ``.json``/``.gz`` file that is neither is left to the trace reader's error."""
     p = Path(path)
     if not p.exists():
         raise BubblecastError(f"{p}: no such file or directory")
@@ -51,7 +74,7 @@ def detect_format(path: str | Path) -> str:
         return _detect_dir(p)
     from bubblecast.telemetry.importers.kineto_io import read_prefix
 
-    head = read_prefix(p, 4)
+    head = read_prefix(p, 4096)
     if head.startswith(b"PAR1"):
         import pyarrow.parquet as pq
 
@@ -69,13 +92,13 @@ def detect_format(path: str | Path) -> str:
         raise BubblecastError(f"{p}: cannot detect the format: columns {names[:8]} match none "
                               f"({_TRIED})")
     # the readers of the other formats load only when the file is one of them
-    if head.lstrip()[:1] in (b"{", b"[") or p.suffix in (".gz", ".json"):
-        from bubblecast.telemetry.importers import megatron_timeline
-
-        return "megatron-timeline" if megatron_timeline.looks_like(p) else "kineto"
+    if looks_like_json(head):
+        return _detect_trace(p)
     from bubblecast.telemetry.importers import logs
 
     fmt = logs.detect_log(p)
+    if fmt is None and p.suffix in (".gz", ".json"):
+        return _detect_trace(p)  # refused by the trace reader, naming why
     if fmt is None:
         raise BubblecastError(f"{p}: cannot detect the format: not Parquet, trace JSON or a "
                               f"training log with timer lines ({_TRIED})")
@@ -132,4 +155,4 @@ def require_per_op(events: Events, command: str, source: str | Path) -> None:
 
 
 __all__ = ["FORMATS", "PER_OP_INPUTS", "detect_format", "granularity", "load_events",
-           "require_per_op", "timing_of"]
+           "looks_like_json", "require_per_op", "timing_of"]

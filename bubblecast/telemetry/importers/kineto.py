@@ -50,6 +50,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import InputFixes
 from bubblecast.telemetry.importers.kineto_gpu import collect, device_spans
 from bubblecast.telemetry.importers.kineto_io import load_trace, rank_of, trace_files
 from bubblecast.telemetry.importers.kineto_layout import KIND_TO_OP, guess_schedule, to_events
@@ -87,15 +88,17 @@ def parse_label(name: str) -> tuple[tuple[int, str, int], ...]:
     return ((int(stage), kind, int(mb) if mb else -1),)
 
 
-def _file_ops(trace: dict[str, Any], path: Path) -> tuple[pd.DataFrame, np.ndarray, bool]:
+def _file_ops(trace: dict[str, Any], path: Path, fixes: InputFixes
+              ) -> tuple[pd.DataFrame, np.ndarray, bool]:
     """Rows (stage_index, kind, microbatch, ts_us, dur_us, wait_us, name, dev_ts_us, ...), the
     ProfilerStep spans (one row (step, start_us, end_us) per annotation) and whether the trace
-    holds device activity.
+    holds device activity. Label durations go through ``fixes`` (clock jitter clamped to 0).
     """
     labels: list[tuple[str, Any, float, float, Any]] = []  # host PP: and optimizer ranges
+    label_at: list[int] = []  # the index in traceEvents of each label
     torch_ops: dict[Any, list[float]] = {}  # thread -> starts of torch ops (cat cpu_op)
     spans: list[tuple[float, float, float]] = []
-    for ev in trace["traceEvents"]:
+    for at, ev in enumerate(trace["traceEvents"]):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         name, cat = ev.get("name"), str(ev.get("cat", ""))
@@ -112,10 +115,15 @@ def _file_ops(trace: dict[str, Any], path: Path) -> tuple[pd.DataFrame, np.ndarr
         elif name.startswith(("PP:", "Optimizer.step#")):
             args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
             labels.append((name, ev.get("tid"), ts, dur, args.get("External id")))
+            label_at.append(at)
         elif (match := _STEP.match(name)) is not None:
             spans.append((float(match.group(1)), ts, ts + dur))
     if not any(label[0].startswith("PP:") for label in labels):
         raise BubblecastError(f"{path}: {_NO_PP}")
+    inside = f"{path.name}: " if fixes.source != str(path) else ""
+    durs = fixes.clamp([label[3] for label in labels], unit_s=1e-6, where=lambda i: (
+        f"{inside}traceEvents[{label_at[i]}] ('{labels[i][0]}'), field 'dur'"))
+    labels = [(n, t, ts, float(d), e) for (n, t, ts, _, e), d in zip(labels, durs, strict=True)]
     waits = _waits(labels, torch_ops)
     rows: list[tuple[Any, ...]] = []
     for (name, _, ts, dur, ext), wait in zip(labels, waits, strict=True):
@@ -223,9 +231,10 @@ def read_kineto(path: str | Path, run_id: str | None = None) -> Events:
     per_file: list[tuple[Path, pd.DataFrame, np.ndarray]] = []
     bases, hosts, from_name = [], [], []
     kernels = False
+    fixes = InputFixes(str(path))
     for file in files:
         trace = load_trace(file)
-        ops, spans, has_kernels = _file_ops(trace, file)  # "no PP: labels" before "no rank"
+        ops, spans, has_kernels = _file_ops(trace, file, fixes)  # "no PP:" before "no rank"
         kernels |= has_kernels
         rank, from_info = rank_of(trace, file)
         if not from_info:
@@ -270,6 +279,7 @@ def read_kineto(path: str | Path, run_id: str | None = None) -> Events:
         meta.extra["rank_from_file_name"] = from_name
     if note:
         meta.extra["timing_note"] = note
+    fixes.record(meta.extra)
     runs = {str(frame["run_id"].iloc[0]): meta}
     return Events(validate_frame(frame, runs, str(path)), runs)
 

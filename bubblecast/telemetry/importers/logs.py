@@ -24,6 +24,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import InputFixes
 from bubblecast.telemetry.importers.logs_parse import ParsedLog, detect_flavour, parse_log
 from bubblecast.telemetry.schema import RunMeta
 from bubblecast.telemetry.validate import validate_frame
@@ -115,12 +116,18 @@ def read_log(path: str | Path, fmt: str) -> Events:
     parsed = parse_log(path, _FORMAT_FLAVOUR[fmt])
     values = parsed.values
     per_rank = all(v.rank is not None for v in values)
+    fixes = InputFixes(str(path))
+
+    def where(i: int) -> str:
+        return f"line {values[i].line}: timer '{values[i].timer}'"
+
     raw = pd.DataFrame({
         "step": np.array([v.step for v in values], dtype=np.int64),
         "rank": np.array([v.rank or 0 for v in values], dtype=np.int64),
         "name": [v.timer for v in values],
-        "ms": np.array([v.value_ms for v in values]),
-        "min_ms": np.array([np.nan if v.min_ms is None else v.min_ms for v in values]),
+        "ms": fixes.clamp([v.value_ms for v in values], where, unit_s=1e-3),
+        "min_ms": fixes.clamp([np.nan if v.min_ms is None else v.min_ms for v in values],
+                              where, unit_s=1e-3),
     })
     divisor = np.ones(len(raw))
     if fmt == "deepspeed-log" and parsed.steps_from != "order":
@@ -147,6 +154,7 @@ def read_log(path: str | Path, fmt: str) -> Events:
     runs = {run_id: RunMeta(
         schedule="unknown", stages=stages or 1, microbatches=parsed.microbatches or 1,
         chunks=1, replicas=replicas or 1, partition=None, source=fmt, extra=extra)}
+    fixes.record(extra)
     return Events(validate_frame(frame, runs, str(path)), runs)
 
 

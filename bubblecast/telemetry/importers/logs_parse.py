@@ -29,9 +29,15 @@ from pathlib import Path
 from bubblecast.errors import BubblecastError
 
 NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?"
-_NUM = re.compile(rf"^{NUMBER}$")
-_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-_ELAPSED = re.compile(rf"elapsed time per iteration \(ms\):\s*({NUMBER})")
+_NUM = re.compile(rf"^-?{NUMBER}$")  # a negative timer is jitter or an error: read_log decides
+#: ``iteration 5/ 100 |`` (Megatron-LM) or ``iteration=    5/ 100 |`` (ALCF Megatron-DeepSpeed)
+_ITER = re.compile(r"\biteration\s*=?\s*(\d+)\s*/\s*\d+\s*\|")
+#: ``elapsed time per iteration (ms): 12.3`` or ``elapsed_time_per_iteration_ms=12.3``
+_ELAPSED = re.compile(rf"elapsed[ _]time[ _]per[ _]iteration[ _]\(?ms\)?\s*[:=]\s*({NUMBER})")
+#: A Python-logging record header at the start of a line, as the ALCF Megatron-DeepSpeed logs
+#: write it (``[2024-05-01 10:00:00,123][INFO][training:1609] - ``): not a launcher prefix
+#: (it changes from line to line and the lines of a multi-line record do not repeat it).
+_RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d[^\]]*\](?:\[[^\]]*\])*\s*-\s")
 _HEADERS = {
     "minmax": re.compile(r"\(min, max\) time across ranks \(ms\):\s*$"),
     "max": re.compile(r"(?<!\(min, )max time across ranks \(ms\):\s*$"),
@@ -78,8 +84,8 @@ class ParsedLog:
 
 def _number(text: str, path: Path, lineno: int, what: str) -> float:
     if not _NUM.match(text):
-        raise BubblecastError(f"{path}: line {lineno}: {what}: '{text}' is not a non-negative "
-                              "number of milliseconds")
+        raise BubblecastError(f"{path}: line {lineno}: {what}: '{text}' is not a number of "
+                              "milliseconds")
     return float(text)
 
 
@@ -165,6 +171,7 @@ class _Parser:
             self.timer = name
 
     def feed(self, line: str, lineno: int) -> None:
+        line = _RECORD.sub("", line, count=1)
         if self.block is not None:
             body = line[len(self.prefix):] if line.startswith(self.prefix) else ""
             if body[:1].isspace() and body.strip() and "|" not in body:

@@ -6,7 +6,8 @@ the slowest rank and stage, and the implied bubble share ``1 - compute / step ti
 keys that need the op timeline (structural and dynamic bubbles, steady bubbles, slow-rank tests)
 are ``null``. With values aggregated across ranks (Megatron ``max``/``minmax``, the older one-line
 form) the busiest rank's compute gives a lower bound of the bubble share of the other ranks and
-per-rank keys are ``null``.
+per-rank keys are ``null``. ``input_fixes`` is what the import normalised (clock jitter
+clamped, :mod:`~bubblecast.telemetry.importers.fixes`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import FIXES_KEY, input_fixes
 
 _COMPUTE = ("F", "B", "W")
 _STEP_TIMERS = ("forward-backward", "train_batch")
@@ -123,6 +125,7 @@ def step_summary(events: Events, run_id: str) -> dict[str, Any]:
         "values": extra.get("values"),
         "source": meta.source,
         "needs_per_op_order": ["whatif", "dataset", "policy-eval"],
+        FIXES_KEY: input_fixes(extra),
     }
 
 

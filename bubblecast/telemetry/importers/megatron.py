@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import InputFixes
 from bubblecast.telemetry.schema import RunMeta
 from bubblecast.telemetry.validate import validate_frame
 
@@ -87,6 +88,9 @@ def read_megatron(path: str | Path) -> Events:
     if vpp == 1 and "seq_id" in raw.columns:
         mb = np.where(is_p2p, raw["seq_id"].to_numpy(np.int64), mb)
     chunk = np.where(is_compute, raw["mc"].to_numpy(np.int64), 0).clip(min=0)
+    fixes = InputFixes(str(path))
+    duration = fixes.clamp(raw["duration"].to_numpy(np.float64),
+                           lambda i: f"column 'duration', row {i}")
     frame = pd.DataFrame({
         "run_id": run_id,
         "step": raw["step"].astype("int64"),
@@ -97,7 +101,7 @@ def read_megatron(path: str | Path) -> Events:
         "microbatch": mb.astype("int32"),
         "op": op.to_numpy(),
         "start_s": raw["start_ts"].astype("float64"),
-        "duration_s": raw["duration"].astype("float64"),
+        "duration_s": duration,
         "name": optype.to_numpy(),
     })
     frame = frame.sort_values(["step", "rank", "start_s"], kind="stable").reset_index(drop=True)
@@ -114,4 +118,5 @@ def read_megatron(path: str | Path) -> Events:
         extra={**{k: v for k, v in meta.items() if k.endswith("_size")},
                "timing": "host", "granularity": "op"},
     )}
+    fixes.record(runs[run_id].extra)
     return Events(validate_frame(frame, runs, str(path)), runs)

@@ -26,6 +26,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import InputFixes
 from bubblecast.telemetry.importers.kineto_io import load_trace, read_prefix
 from bubblecast.telemetry.importers.megatron import OPTYPE_TO_OP, read_sidecar_meta
 from bubblecast.telemetry.schema import RunMeta
@@ -56,12 +57,13 @@ def _threads(events: list[Any]) -> dict[tuple[Any, Any], tuple[int, int, str]]:
 
 
 def _rows(events: list[Any], path: Path) -> pd.DataFrame:
-    """One row per ``X`` event: dp, pp, tp, step, optype, ts/dur (us), chunk, mb_id, seq_id."""
+    """One row per ``X`` event: dp, pp, tp, step, optype, ts/dur (us), chunk, mb_id, seq_id
+    and ``event``, its index in ``traceEvents``."""
     threads = _threads(events)
     if not threads:
         raise BubblecastError(f"{path}: no 'PP rank k, TP rank t, ...' thread names "
                               "(megatron-timeline format)")
-    rows: list[tuple[int, int, int, int, str, float, float, int, int, int]] = []
+    rows: list[tuple[int, int, int, int, str, float, float, int, int, int, int]] = []
     for i, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -73,14 +75,14 @@ def _rows(events: list[Any], path: Path) -> pd.DataFrame:
             rows.append((int(ev["pid"]), place[0], place[1], int(args["step"]), str(ev["name"]),
                          float(ev["ts"]), float(ev.get("dur", 0.0)),
                          int(args.get("model_chunk", -1)), int(args.get("mb_id", -1)),
-                         int(args.get("seq_id", -1))))
+                         int(args.get("seq_id", -1)), i))
         except (KeyError, TypeError, ValueError) as exc:
             raise BubblecastError(f"{path}: traceEvents[{i}] ('{ev.get('name')}'): "
                                   f"missing or bad {exc} (megatron-timeline format)") from None
     if not rows:
         raise BubblecastError(f"{path}: no timer ops ('X' events) in the timeline")
     return pd.DataFrame(rows, columns=["dp", "pp", "tp", "step", "optype", "ts_us", "dur_us",
-                                       "mc", "mb_id", "seq_id"])
+                                       "mc", "mb_id", "seq_id", "event"])
 
 
 def _sizes(raw: pd.DataFrame, meta: dict[str, object]) -> tuple[int, int, int, int]:
@@ -109,6 +111,10 @@ def read_megatron_timeline(path: str | Path) -> Events:
         mb = np.where(is_p2p, raw["seq_id"].to_numpy(np.int64), mb)
     step = raw["step"].to_numpy(np.int64)
     ts = raw["ts_us"].to_numpy(np.float64)
+    fixes = InputFixes(str(path))
+    event, name = raw["event"].to_numpy(), raw["optype"].to_numpy()
+    dur_us = fixes.clamp(raw["dur_us"].to_numpy(np.float64), unit_s=1e-6,
+                         where=lambda i: f"traceEvents[{event[i]}] ('{name[i]}'), field 'dur'")
     origin = pd.Series(ts).groupby(step).transform("min").to_numpy()
     frame = pd.DataFrame({
         "run_id": run_id,
@@ -120,7 +126,7 @@ def read_megatron_timeline(path: str | Path) -> Events:
         "microbatch": np.clip(mb, -1, None).astype("int32"),
         "op": op.to_numpy(),
         "start_s": (ts - origin) / 1e6,
-        "duration_s": raw["dur_us"].to_numpy(np.float64) / 1e6,
+        "duration_s": dur_us / 1e6,
         "name": raw["optype"].to_numpy(),
     })
     frame = frame.sort_values(["step", "rank", "start_s"], kind="stable").reset_index(drop=True)
@@ -133,6 +139,7 @@ def read_megatron_timeline(path: str | Path) -> Events:
         extra={**{k: v for k, v in meta.items() if k.endswith("_size")},
                "tp_size": tp, "timing": "host", "granularity": "op"},
     )}
+    fixes.record(runs[run_id].extra)
     return Events(validate_frame(frame, runs, str(path)), runs)
 
 
