@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all bench lint fix clean
+.PHONY: demo test test-all bench lint fix clean wheel-check
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
+# The slow tests include tests/test_wheel.py's whole wheel check (what `make wheel-check` runs).
 bench: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
@@ -40,8 +41,14 @@ lint: $(STAMP)
 fix: $(STAMP)
 	$(BIN)/ruff check --fix bubblecast tests benchmarks tools
 
+# The wheel outside the repository: build it (python -m build), install it into a fresh venv
+# (dependencies reused from .venv, nothing downloaded) and run `bubblecast demo --quick` from an
+# empty folder (tools/check_wheel.py; 2 to 5 minutes on 2 cores).
+wheel-check: $(STAMP)
+	$(BIN)/python tools/check_wheel.py
+
 clean:
-	rm -rf $(VENV) bubblecast-demo .pytest_cache .ruff_cache
+	rm -rf $(VENV) bubblecast-demo .pytest_cache .ruff_cache site
 
 # The documentation site (mkdocs.yml) into site/: installs the `docs` extra into .venv on first
 # use (kept out of `make test`'s install), checks that docs/results.md matches

@@ -1,8 +1,9 @@
 """bubblecast works installed from a wheel, outside the repository.
 
 Builds the sdist and, from it, the wheel (``python -m build --no-isolation``; ``--builder pip``
-uses ``pip wheel --no-deps --no-build-isolation`` instead) into a temporary folder, installs the
-wheel with ``--no-deps --no-index`` into a fresh virtual environment (``venv`` without system
+uses ``pip wheel --no-deps --no-build-isolation`` instead) from the working tree (``--ref REF``:
+from that git commit, ``git archive``) into a temporary folder, installs the wheel with
+``--no-deps --no-index`` into a fresh virtual environment (``venv`` without system
 site-packages), and runs ``bubblecast demo --quick`` there from an empty folder. Exit 0 when the
 demo exits 0, every stage reports success (a record and no ``skipped``), bubblecast was imported
 from the fresh environment and the real-trace stage read the trace the wheel carries; 1
@@ -14,7 +15,7 @@ interpreter running this script (the repository's ``.venv``) to its ``sys.path``
 own site-packages. A ``.pth`` line only adds a folder, so that environment's editable
 bubblecast (an import hook installed by its own ``.pth`` file) stays out. No network.
 
-    .venv/bin/python tools/check_wheel.py                # about 2 minutes on 2 cores
+    .venv/bin/python tools/check_wheel.py                # 2 to 5 minutes on 2 cores
     .venv/bin/python tools/check_wheel.py --keep /tmp/wc # keep the wheel, venv and demo output
     .venv/bin/python tools/check_wheel.py --ref HEAD     # the last commit, not the working tree
 """
