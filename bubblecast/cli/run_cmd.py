@@ -168,14 +168,24 @@ def _run_planned(out: Path, policy: str, model_uri: str | None, service: str | N
 
     _check_planned(policy, model_uri, service, arch)
     source = model_uri
+    cost = None
     if model_uri is not None:
         from bubblecast.policy.plan_api import load_cost
 
-        load_cost(model_uri)  # refuses a forecaster, a model without tokens_sq, in one line
+        cost = load_cost(model_uri)  # refuses a forecaster, a model without tokens_sq
         if not model_uri.startswith(("models:/", "runs:/")):
             source = str(Path(model_uri).resolve())
     config = train_config(out, arch, options, planner=policy if arch == "packed" else "static",
                           cost_model=source)
+    if cost is not None:
+        from dataclasses import asdict
+
+        from bubblecast.forecast.cost_model import shape_mismatch
+
+        why = shape_mismatch(cost, asdict(config.model))
+        if why:
+            raise BubblecastError(f"--model {model_uri}: a cost model of another model shape: "
+                                  f"{why}")
     checkpoints = checkpoint_options(options)
     nodes = node_options(config, options)
     actions_path = _output_paths(out, actions_file)

@@ -131,7 +131,8 @@ class CostModel:
         self.metrics_["heldout"] = self.heldout_
         self.training_ = {"runs": sorted(set(fit_rows["run_id"])), "rows": len(fit_rows),
                           "heldout_runs": [] if held is None else sorted(set(held["run_id"])),
-                          "heldout_rows": 0 if held is None else len(held)}
+                          "heldout_rows": 0 if held is None else len(held),
+                          "model_shape": model_shape(events)}
         self.sample_ = self._features_frame(fit_rows.head(5))
         return self
 
@@ -398,3 +399,37 @@ def step_kinds(kinds: list[str]) -> list[str]:
     back = ["B", "W"] if {"B", "W"} <= set(kinds) else ["BW"] if "BW" in kinds else \
         [k for k in ("B", "W") if k in kinds]
     return [k for k in ["F", *back] if k in kinds]
+
+
+#: The model fields a cost model's per-layer costs depend on (the runtime's ``ModelSpec``).
+SHAPE_KEYS: tuple[str, ...] = ("kind", "layers", "hidden", "heads", "seq_len", "vocab", "dtype")
+
+
+def model_shape(events: Events) -> dict[str, Any] | None:
+    """The model shape the runs of ``events`` trained (their metadata's ``model``, the
+    :data:`SHAPE_KEYS` fields), None when no run records one (simulations, imported logs);
+    ``{"mixed": [...]}`` when the runs differ."""
+    shapes = []
+    for meta in events.runs.values():
+        spec = meta.extra.get("model")
+        if isinstance(spec, dict):
+            shape = {k: spec[k] for k in SHAPE_KEYS if k in spec}
+            if shape not in shapes:
+                shapes.append(shape)
+    if not shapes:
+        return None
+    return shapes[0] if len(shapes) == 1 else {"mixed": shapes}
+
+
+def shape_mismatch(model: Any, spec: dict[str, Any]) -> str | None:
+    """Why cost model ``model`` does not price model ``spec`` (a ``ModelSpec`` as a dict), None
+    when it does or its training runs recorded no shape."""
+    trained = (getattr(model, "training_", None) or {}).get("model_shape")
+    if not trained:
+        return None
+    if "mixed" in trained:
+        return f"it was trained on runs of {len(trained['mixed'])} different model shapes"
+    diff = [f"{k} {trained[k]} (model) vs {spec[k]} (this run)" for k in SHAPE_KEYS
+            if k in trained and k in spec and trained[k] != spec[k]]
+    return "; ".join(diff) if diff else None
+

@@ -113,17 +113,24 @@ def decode(row: np.ndarray, n: int, replicas: int, method: str) -> WorkPlan | No
                     method=method)
 
 
-def load_work_cost(source: str | None, method: str) -> tuple[Any, tuple | None, str | None]:
+def load_work_cost(source: str | None, method: str, spec: dict[str, Any] | None = None
+                   ) -> tuple[Any, tuple | None, str | None]:
     """``(work cost, F/B/W weights, problem)`` of ``method``: token counts for ``tokens``;
-    the cost model at ``source`` for ``balance`` (on a problem: token counts and the reason)."""
+    the cost model at ``source`` for ``balance`` (on a problem -- it does not load, or was
+    trained on another model shape than ``spec`` -- token counts and the reason)."""
     if method != "balance":
         return TOKENS, None, None
-    from bubblecast.policy.plan_api import resolve_cost
+    from bubblecast.forecast.cost_model import shape_mismatch
+    from bubblecast.policy.plan_api import load_cost, resolve_cost
 
     try:
-        work, weights, _ = resolve_cost(source, "--model")
+        model = load_cost(source) if isinstance(source, str) else source
+        work, weights, _ = resolve_cost(model, "--model")
+        why = shape_mismatch(model, spec) if spec is not None else None
     except Exception as exc:  # fail open: plan on token counts, say why
         return TOKENS, None, f"cost model {source}: {' '.join(str(exc).split())}"
+    if why:
+        return TOKENS, None, f"cost model {source} is of another model shape: {why}"
     return work, weights, None
 
 
@@ -141,7 +148,10 @@ class LivePlanner:
         self.loader = trainer.packed.loader
         self.lead = trainer.global_rank == 0
         self.world = dist.get_world_size()
-        box = [load_work_cost(cost_model, method) if self.lead else None]
+        from dataclasses import asdict
+
+        spec = asdict(trainer.spec)
+        box = [load_work_cost(cost_model, method, spec) if self.lead else None]
         dist.broadcast_object_list(box, src=0)  # rank 0 loads the model, every rank prices
         self.work, weights, self.problem = box[0]
         if self.problem:

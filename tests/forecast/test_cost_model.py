@@ -285,3 +285,29 @@ def test_estimator_rules():
     assert model.set_params(rounds=2).rounds == 2
     with pytest.raises(ValueError, match="unknown parameter"):
         model.set_params(trees=3)
+
+
+def test_the_model_shape_of_the_training_runs_is_recorded_and_compared(train_events):
+    """Simulated runs record no model: no shape, nothing refused; runtime runs record
+    ``extra["model"]``: one shape, or ``mixed`` when they differ."""
+    import copy
+
+    from bubblecast.forecast.cost_model import model_shape, shape_mismatch
+    from bubblecast.telemetry.events import Events
+
+    assert model_shape(train_events) is None
+    runs = copy.deepcopy(train_events.runs)
+    spec = {"kind": "packed", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 1024,
+            "vocab": 128, "dtype": "float32"}
+    for meta in runs.values():
+        meta.extra["model"] = dict(spec)
+    events = Events(train_events.frame, runs)
+    assert model_shape(events) == spec
+    model = CostModel(learner="linear", holdout=0.0).fit(events)
+    assert model.training_["model_shape"] == spec
+    assert shape_mismatch(model, spec) is None
+    assert shape_mismatch(model, {**spec, "seq_len": 4096}) == \
+        "seq_len 1024 (model) vs 4096 (this run)"
+    first = next(iter(runs.values()))
+    first.extra["model"]["hidden"] = 32
+    assert model_shape(Events(train_events.frame, runs))["mixed"][0]["hidden"] == 32

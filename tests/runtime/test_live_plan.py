@@ -173,3 +173,42 @@ def test_run_policy_balance_plans_every_step_and_records_documents(
     f = ev.frame[ev.frame["op"] == "F"]
     assert f["tokens_sq"].notna().all() and (f["documents"] >= 1).all()
     assert ev.runs[result["run_id"]].extra["documents"]["planner"] == "balance"
+
+
+def test_a_cost_model_of_another_model_shape_is_refused_before_launch(
+        tmp_path: Path, cost_model: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cost model records the model its runs trained; ``run`` refuses one of another
+    shape in one line naming the fields (the fixture's simulated runs record none)."""
+    import shutil
+
+    import bubblecast.runtime.launch as launch_mod
+    from bubblecast.cli import main
+
+    other = tmp_path / "other"
+    shutil.copytree(cost_model, other)
+    doc = json.loads((other / "model.json").read_text())
+    doc["training"]["model_shape"] = {"kind": "packed", "layers": 4, "hidden": 64, "heads": 2,
+                                      "seq_len": 128, "vocab": 32}
+    (other / "model.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: pytest.fail("launched"))
+    code = main(["run", *BASE, "--policy", "balance", "--model", str(other),
+                 "--out", str(tmp_path / "r.parquet")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "another model shape: hidden 64 (model) vs 16 (this run)" in err[0], err
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_the_live_planner_falls_back_to_tokens_on_a_model_of_another_shape(
+        cost_model: Path) -> None:
+    from bubblecast.forecast.cost_modeldir import load_cost_model
+    from bubblecast.policy.work_plan import TOKENS
+    from bubblecast.runtime.live_plan import load_work_cost
+
+    model = load_cost_model(str(cost_model))
+    model.training_["model_shape"] = {"kind": "packed", "seq_len": 256}
+    work, _, problem = load_work_cost(model, "balance", {"kind": "packed", "seq_len": 128})
+    assert work == TOKENS and "seq_len 256 (model) vs 128 (this run)" in problem
+    work, _, problem = load_work_cost(model, "balance", {"kind": "packed", "seq_len": 256})
+    assert problem is None and work != TOKENS
