@@ -9,6 +9,7 @@ line) or of -0.5 s (refused: exit 2, one line naming the file and the place, not
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -187,13 +188,17 @@ ALCF_STEPS = [
     (2, 107120.9, {"forward-backward": (106990.1, 106995.6),
                    "forward-compute": (30010.0, 31150.25), "backward-compute": (70001.5, 71890.0),
                    "optimizer": (139.9, 141.75)}),
+    (3, 109004.4, {"forward-backward": (108870.0, 108877.5),
+                   "forward-compute": (30200.5, 31300.0), "backward-compute": (70300.25, 72100.0),
+                   "optimizer": (141.0, 143.25)}),
 ]
 
 
 def write_alcf_log(path: Path, low_ms: float | None = None) -> Path:
     """An ALCF Megatron-DeepSpeed log: logging-record iteration lines, then ``(min, max)``
-    blocks (the first header bare, the second inside a logging record); ``low_ms`` replaces
-    the second step's optimizer min."""
+    blocks: the first bare, the second's header inside a logging record (a multi-line record),
+    the third with a record header on every line (one record a line); ``low_ms`` replaces the
+    second step's optimizer min (line 14)."""
     lines = ["[2024-05-01 09:59:00,001][INFO][utils:200] - Using Megatron-DeepSpeed",
              "[2024-05-01 09:59:00,002][INFO][training:100] - > building train dataset ..."]
     for n, (it, ms, timers) in enumerate(ALCF_STEPS):
@@ -201,10 +206,11 @@ def write_alcf_log(path: Path, low_ms: float | None = None) -> Path:
         header = "(min, max) time across ranks (ms):"
         lines.append(header if n == 0 else f"[2024-05-01 10:0{n}:00,124][INFO][timers:90] - "
                                            f"{header}")
-        for timer, (low, high) in timers.items():
+        for j, (timer, (low, high)) in enumerate(timers.items()):
             if n == 1 and timer == "optimizer" and low_ms is not None:
                 low = low_ms
-            lines.append(f"    {timer} {'.' * (48 - len(timer))}: ({low}, {high})")
+            record = f"[2024-05-01 10:0{n}:00,{200 + j}][INFO][timers:91] - " if n == 2 else ""
+            lines.append(f"{record}    {timer} {'.' * (48 - len(timer))}: ({low}, {high})")
     lines.append("[2024-05-01 10:05:00,000][INFO][training:1700] - after training is done")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -218,7 +224,8 @@ def test_an_alcf_log_is_detected_and_read_as_megatron_log(tmp_path, capsys):
     meta = events.runs["train"]
     assert meta.source == "megatron-log" and meta.extra["granularity"] == "step"
     assert meta.extra["steps_from"] == "iteration lines"
-    assert meta.extra["step_time_s"] == {"1": pytest.approx(108.8932), "2": pytest.approx(107.1209)}
+    assert meta.extra["step_time_s"] == {str(it): pytest.approx(ms / 1e3)
+                                         for it, ms, _ in ALCF_STEPS}
     frame = events.frame.set_index(["step", "name"])
     for it, _, timers in ALCF_STEPS:
         for timer, (low, high) in timers.items():
@@ -231,8 +238,8 @@ def test_an_alcf_log_is_detected_and_read_as_megatron_log(tmp_path, capsys):
     code, out, err = _inspect(path, capsys)
     assert code == 0 and err == ""
     summary = json.loads(out)
-    assert summary["granularity"] == "step" and summary["steps"] == 2
-    assert summary["step_time_s"]["median"] == pytest.approx((108.8932 + 107.1209) / 2)
+    assert summary["granularity"] == "step" and summary["steps"] == 3
+    assert summary["step_time_s"]["median"] == pytest.approx(108.8932)
     assert summary["input_fixes"] == {FIX: 0}
     assert BubbleAnalysis(path).summary() == summary  # the API's summary is the JSON
 
@@ -262,9 +269,13 @@ def test_json_is_told_from_bracketed_text_by_its_first_bytes(head, is_json):
     assert looks_like_json(head) is is_json
 
 
-def test_a_log_named_json_is_still_read_as_a_log(tmp_path):
+def test_a_log_named_json_or_gzipped_is_still_read_as_a_log(tmp_path):
     path = write_alcf_log(tmp_path / "train.json")
     assert detect_format(path) == "megatron-log"
+    packed = tmp_path / "train.log.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert detect_format(packed) == "megatron-log"
+    pd.testing.assert_frame_equal(load_events(packed).frame, load_events(path).frame)
     not_json = tmp_path / "x.json"
     not_json.write_text("hello\n")
     with pytest.raises(BubblecastError, match="not a readable Chrome trace JSON"):

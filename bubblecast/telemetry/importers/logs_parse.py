@@ -10,6 +10,11 @@ LOG-FORMATS notes):
   ``    <timer>:`` and ``     rank  N: value`` lines. Older releases: one line
   ``time (ms) | <timer>: value | ...``. The step is the last `` iteration N/ M |`` line before
   the block, whose ``elapsed time per iteration (ms)`` is the step time.
+- ALCF Megatron-DeepSpeed (Python logging): ``[date][INFO][training:1609] - iteration=  N/ M |
+  ... | elapsed_time_per_iteration_ms=T | ...`` lines, then the ``minmax`` blocks above. A
+  logging-record header (``[YYYY-MM-DD ...][LEVEL][where] - ``) is dropped from any line before
+  it is read, so the header line, and block lines with or without their own record header,
+  read as in a plain Megatron log.
 - DeepSpeed ``wall_clock_breakdown``: ``[Rank N] time (ms) | <timer>: value | ...`` or
   ``rank=N time (ms) | ...``; the step is the last ``step=N`` or ``steps: N`` before it
   (``iter time (s)`` on the ``steps:`` line is the step time).
@@ -18,15 +23,20 @@ Anything before a header (a launcher's ``[default0]:`` or ``0: ``) is a prefix t
 lines repeat. A block ends at the first line that is not indented after that prefix or holds a
 ``|`` (an iteration line); an indented line inside a block that does not parse, or a
 ``time (ms) |`` field that is not ``name: number``, is refused naming the file and the line.
+Values may be negative (clock jitter): the importer clamps or refuses them. Gzipped logs are
+read as they are.
 """
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bubblecast.errors import BubblecastError
+from bubblecast.telemetry.importers.kineto_io import is_gzip, read_prefix
 
 NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?"
 _NUM = re.compile(rf"^-?{NUMBER}$")  # a negative timer is jitter or an error: read_log decides
@@ -219,23 +229,22 @@ def parse_log(path: Path, flavour: str) -> ParsedLog:
     """Parse ``path`` as a ``megatron`` or ``deepspeed`` log; refuse malformed timer lines."""
     parser = _Parser(path, flavour)
     try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
+        opener = gzip.open if is_gzip(path) else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
             for lineno, line in enumerate(fh, 1):
                 parser.feed(line.rstrip("\r\n"), lineno)
-    except OSError as exc:
-        raise BubblecastError(f"{path}: cannot read the log ({exc.strerror})") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise BubblecastError(f"{path}: cannot read the log ({reason})") from None
     if not parser.out.values:
         raise BubblecastError(f"{path}: no timer lines found ({flavour} log)")
     return parser.out
 
 
 def detect_flavour(path: Path, limit: int = 4 << 20) -> str | None:
-    """``megatron-log``, ``deepspeed-log`` or None, from the first ``limit`` bytes of text."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(limit)
-    except OSError:
-        return None
+    """``megatron-log``, ``deepspeed-log`` or None, from the first ``limit`` bytes of text
+    (decompressed, for a gzipped log)."""
+    head = read_prefix(path, limit)
     if b"\x00" in head:
         return None
     text = head.decode("utf-8", errors="replace")
