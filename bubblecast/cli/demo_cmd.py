@@ -20,7 +20,8 @@ def demo(
     no_live: bool = typer.Option(False, "--no-live", help="Skip the live closed loop."),
     megatron: Path | None = typer.Option(
         None, "--megatron", help="Megatron-LM trace to inspect (default: "
-                                 "data/megatron-ops/trace-ST.parquet)."),
+                                 "data/megatron-ops/trace-ST.parquet of the working directory, "
+                                 "else the copy installed with bubblecast)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     preset_name: str | None = typer.Option(None, "--preset", hidden=True,
                                            help="default, quick or tiny (smoke tests)."),
