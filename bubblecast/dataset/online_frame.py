@@ -142,3 +142,48 @@ class FastFeatures:
             return np.asarray(self._predict_matrix(X, list(horizons)), dtype=np.float64)
         preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
         return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)
+
+
+class WithCovariates:
+    """A served feature model whose origin rows also get covariate features from device
+    metrics (the prediction service, from a request's ``device_metrics``; the runtime
+    controller, from the metrics it samples).
+
+    ``model``: a :class:`bubblecast.forecast.served.FeatureModel` (what is read of it:
+    ``origin_rows(window, horizons)``, ``forecaster``, ``config``, ``horizons``,
+    ``min_window``); ``metrics``: device-metric rows (``step``, ``rank``, ``metric``,
+    ``value``) where step ``first_step + i`` is the window's row ``i``; ``ranks``: the rank of
+    each stage, in stage order; ``meta``: run metadata with a ``calendar``, if any. The
+    covariates at the window's last step come from
+    :func:`bubblecast.dataset.covariates.origin_covariates` (the dataset's code), so a window
+    cut at an earlier origin (the forecast guard's backtests) reads no later metric.
+    """
+
+    def __init__(self, model: Any, metrics: Any, ranks: Sequence[int], first_step: int = 0,
+                 meta: Any = None) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.ranks = [int(r) for r in ranks]
+        self.first_step = int(first_step)
+        self.meta = meta
+        self.horizons = model.horizons
+        self.min_window = model.min_window
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model":  # not yet set (copy, unpickling)
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
+        """``(stages, len(horizons), 3)`` quantiles of the delay signal, as the model's own
+        ``predict_window`` with the covariate columns added to its origin rows."""
+        from bubblecast.dataset.covariates import origin_covariates
+
+        hz = [int(h) for h in horizons]
+        rows = self.model.origin_rows(window, hz)
+        origin = self.first_step + window.steps - 1
+        covariates = origin_covariates(self.metrics, self.ranks, origin, self.model.config,
+                                       self.meta)
+        rows = rows.assign(**{k: v for k, v in covariates.items() if k not in rows.columns})
+        preds = self.model.forecaster.predict_signal(rows, hz)
+        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)

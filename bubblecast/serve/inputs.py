@@ -4,13 +4,15 @@ Shared by ``/v1/forecast`` (:mod:`bubblecast.serve.predictor`) and ``/v1/recomme
 (:mod:`bubblecast.serve.recommend`): the request's history as a
 :class:`~bubblecast.dataset.window.Window` in stage order, the refusals that depend on the
 loaded model (window too short, unknown horizon, no finite forecast), and the forecast in
-delay per work and in seconds.
+delay per work and in seconds. A model trained with covariates is served the request's
+``device_metrics`` (:func:`request_model`), or the request is refused naming the metric.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,7 @@ class Loaded:
     model: ForecastModel
     info: ModelInfo
     ref: ModelRef
+    covariates: tuple[str, ...] = ()  # covariate columns the model reads (covariate_reads)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,73 @@ def request_window(req: ForecastRequest, default_cost: np.ndarray | None = None
                          layers=_matrix(req, index, "layers"), next_tokens=ahead)
 
 
+def covariate_reads(model: ForecastModel) -> tuple[str, ...]:
+    """The covariate feature columns a served model reads: those of a served feature model's
+    forecaster (``FeatureModel``); none for any other model."""
+    forecaster = getattr(model, "forecaster", None)
+    if forecaster is None or not hasattr(model, "origin_rows"):
+        return ()
+    from bubblecast.dataset.covariates import covariate_columns
+    from bubblecast.dataset.online_frame import model_columns
+
+    return tuple(covariate_columns(sorted(model_columns(forecaster))))
+
+
+def _rank_metrics(req: ForecastRequest, i: int) -> Any:
+    """Device-metric rows (step = window row) of ``req.ranks[i]``; nulls are unsampled."""
+    import pandas as pd
+
+    r = req.ranks[i]
+    parts = []
+    for metric, values in (r.device_metrics or {}).items():
+        v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
+        steps = np.flatnonzero(np.isfinite(v))
+        parts.append(pd.DataFrame({"step": steps.astype(np.int64), "rank": r.rank,
+                                   "metric": metric, "value": v[steps]}))
+    if not parts:
+        return pd.DataFrame({"step": np.zeros(0, np.int64), "rank": np.zeros(0, np.int64),
+                             "metric": pd.Series([], dtype=str), "value": np.zeros(0)})
+    return pd.concat(parts, ignore_index=True)
+
+
+def request_model(loaded: Loaded, req: ForecastRequest, index: np.ndarray) -> ForecastModel:
+    """The model that answers ``req``: ``loaded.model``, or, when it reads covariates, the
+    same model fed the covariate features of the request's ``device_metrics``
+    (:class:`~bubblecast.dataset.online_frame.WithCovariates`, ranks in stage order
+    ``index``). RequestError naming the field when the request lacks what the model reads:
+    a device metric on some rank, the run calendar, or known-future metrics (neither of
+    which a request carries)."""
+    if not loaded.covariates:
+        return loaded.model
+    import pandas as pd
+
+    from bubblecast.dataset.covariates import covariate_input, missing_inputs
+    from bubblecast.dataset.online_frame import WithCovariates
+    from bubblecast.telemetry.metrics import is_known_future
+
+    name = loaded.info.name
+    for column in loaded.covariates:
+        source = str(covariate_input(column))
+        if source.startswith("calendar:") or is_known_future(source):
+            what = "the run calendar" if source.startswith("calendar:") else \
+                f"known-future metric '{source}' beyond the window"
+            raise RequestError("ranks", f"model '{name}' reads {what} ({column}), which a "
+                               "request does not carry")
+    parts = []
+    for i in index.tolist():
+        rows = _rank_metrics(req, i)
+        gaps = missing_inputs(list(loaded.covariates), rows)
+        if gaps:
+            metric, columns = next(iter(gaps.items()))
+            have = sorted(req.ranks[i].device_metrics or {})
+            carries = f"it carries only {', '.join(have)}" if have else "it carries none"
+            raise RequestError(f"ranks[{i}].device_metrics", f"model '{name}' needs device "
+                               f"metric '{metric}' ({columns[0]}); {carries}")
+        parts.append(rows)
+    return WithCovariates(loaded.model, pd.concat(parts, ignore_index=True),
+                          [req.ranks[i].rank for i in index.tolist()])
+
+
 def check_servable(model: ForecastModel, req: ForecastRequest) -> None:
     """RequestError when the window is too short or a horizon unknown to ``model``."""
     steps = len(req.ranks[0].compute_s)
@@ -115,9 +185,9 @@ def checked_quantiles(q: np.ndarray, stages: int, horizons: int) -> np.ndarray:
 
 def forecast_window(loaded: Loaded, req: ForecastRequest) -> WindowForecast:
     """Quantiles in delay per work and in seconds per rank and horizon for ``req``."""
-    model = loaded.model
-    check_servable(model, req)
+    check_servable(loaded.model, req)
     index, window = request_window(req)
+    model = request_model(loaded, req, index)
     hz = list(req.horizons)
     q = checked_quantiles(model.predict_window(window, hz), window.stages, len(hz))
     work_ahead = window.cost[-1][:, None] * window.load_ahead(len(hz))

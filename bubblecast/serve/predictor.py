@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 from pydantic_core import to_json
 
 from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
-from bubblecast.serve.inputs import Loaded, forecast_window, request_shape
+from bubblecast.serve.inputs import (
+    Loaded,
+    covariate_reads,
+    forecast_window,
+    request_model,
+    request_shape,
+)
 from bubblecast.serve.recommend import recommend
 from bubblecast.serve.schemas import (
     ForecastRequest,
@@ -64,7 +72,9 @@ class Predictor:
 
     @staticmethod
     def _wrap(model: ForecastModel, info: ModelInfo) -> Loaded:
-        return Loaded(check_model(model), info, ModelRef(name=info.name, version=info.version))
+        checked = check_model(model)
+        return Loaded(checked, info, ModelRef(name=info.name, version=info.version),
+                      covariate_reads(checked))
 
     @property
     def loaded(self) -> Loaded:
@@ -124,7 +134,11 @@ class Predictor:
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""
         req = self._parse(RecommendRequest, request)
-        return recommend(self._loaded, req)
+        loaded = self._loaded
+        if loaded.covariates:  # the model fed the request's device metrics
+            index = np.argsort([r.stage for r in req.ranks], kind="stable")
+            loaded = replace(loaded, model=request_model(loaded, req, index), covariates=())
+        return recommend(loaded, req)
 
     @staticmethod
     def _parse(cls: type, request: Any) -> Any:

@@ -32,6 +32,7 @@ MAX_DOCUMENTS = 16_384  # documents per planning request
 MAX_TOKEN_BUDGET = 1 << 20  # tokens per packed micro-batch
 MAX_REPLICAS = 64
 MAX_PLAN_MICROBATCHES = 4096  # replicas x microbatches of one planned step
+MAX_METRICS = 32  # device metrics per rank
 
 #: The schedules the service accepts: every named row of THE schedule table
 #: (:data:`bubblecast.sim.schedules.SCHEDULES`, whose flags the checks below read), the first
@@ -48,6 +49,9 @@ Window = Annotated[list[Seconds], Field(min_length=1, max_length=MAX_WINDOW)]
 WorkWindow = Annotated[list[PositiveWork], Field(min_length=1, max_length=MAX_WINDOW)]
 LayerWindow = Annotated[list[Annotated[int, Field(ge=1, le=MAX_LAYERS)]],
                         Field(min_length=1, max_length=MAX_WINDOW)]
+MetricName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")]
+MetricValue = Annotated[float, Field(ge=-MAX_WORK, le=MAX_WORK, allow_inf_nan=False)]
+MetricWindow = Annotated[list[MetricValue | None], Field(min_length=1, max_length=MAX_WINDOW)]
 
 
 class RequestError(BubblecastError):
@@ -75,6 +79,12 @@ class RankWindow(_Strict):
     tokens: WorkWindow | None = Field(
         None, description="tokens processed per step, when the data loader knows them")
     layers: LayerWindow | None = Field(None, description="layers held per step, when known")
+    device_metrics: dict[MetricName, MetricWindow] | None = Field(
+        None, max_length=MAX_METRICS, description="device metrics of this rank per step, by "
+        "name as in the device_metrics table (temperature_c, sm_clock_mhz, power_w, ...): the "
+        "value sampled at that step, null where none was; a model trained with covariates "
+        "reads its covariate features from them (422 naming the metric when one it needs is "
+        "absent)")
 
     @model_validator(mode="after")
     def _same_length(self) -> RankWindow:
@@ -83,6 +93,10 @@ class RankWindow(_Strict):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"{name}: has {len(values)} steps, compute_s has {n}")
+        for metric, values in (self.device_metrics or {}).items():
+            if len(values) != n:
+                raise ValueError(f"device_metrics.{metric}: has {len(values)} steps, "
+                                 f"compute_s has {n}")
         return self
 
 
