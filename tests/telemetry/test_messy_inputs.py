@@ -280,3 +280,22 @@ def test_a_log_named_json_or_gzipped_is_still_read_as_a_log(tmp_path):
     not_json.write_text("hello\n")
     with pytest.raises(BubblecastError, match="not a readable Chrome trace JSON"):
         load_events(not_json)
+
+
+@pytest.mark.parametrize("value, fixed", [("-0.027", 1), ("-3.5", None)])
+def test_a_deepspeed_log_timer_below_zero(value, fixed, tmp_path, capsys):
+    path = tmp_path / "ds.log"
+    path.write_text(
+        "[2026-01-01 10:00:20,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=1, skipped=0\n"
+        "steps: 1 loss: 7.1000 iter time (s): 0.020 samples/sec: 3.670\n"
+        "[2026-01-01 10:00:20,001] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | "
+        f"forward_microstep: 6.5 | backward_microstep: 9.0 | step_microstep: {value}\n")
+    assert detect_format(path) == "deepspeed-log"
+    code, out, err = _inspect(path, capsys)
+    assert err.count("\n") == 1
+    if fixed is None:
+        assert code == 2 and out == ""
+        assert f"{path}: line 3: timer 'step_microstep': negative duration -0.0035 s" in err
+    else:
+        assert code == 0 and json.loads(out)["input_fixes"] == {FIX: fixed}
+        assert "1 negative duration (clock jitter, down to -2.7e-05 s)" in err
