@@ -184,6 +184,9 @@ class WithCovariates:
         origin = self.first_step + window.steps - 1
         covariates = origin_covariates(self.metrics, self.ranks, origin, self.model.config,
                                        self.meta)
-        rows = rows.assign(**{k: v for k, v in covariates.items() if k not in rows.columns})
+        import pandas as pd
+
+        new = {k: v for k, v in covariates.items() if k not in rows.columns}
+        rows = pd.concat([rows, pd.DataFrame(new, index=rows.index)], axis=1)
         preds = self.model.forecaster.predict_signal(rows, hz)
         return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
