@@ -134,3 +134,30 @@ def test_schema_bounds_device_metrics(served):
     req["ranks"][0]["device_metrics"]["power_w"] = [1.0] * 3  # wrong length
     with pytest.raises(RequestError, match="device_metrics.power_w: has 3 steps"):
         predictor.forecast(req)
+
+
+def test_a_cut_window_reads_no_later_metric_and_steps_may_be_absolute(served):
+    """The forecast guard asks at earlier origins (the window cut): covariates there read no
+    metric after that origin. ``first_step`` maps window rows to absolute metric steps (the
+    controller's)."""
+    from dataclasses import replace
+
+    from bubblecast.dataset.online_frame import WithCovariates
+    from bubblecast.serve.inputs import request_window
+
+    model, metrics = served["model"], served["metrics"]
+    req = ForecastRequest.model_validate(_request(served, metrics))
+    index, window = request_window(req)
+    ranks = [req.ranks[i].rank for i in index.tolist()]
+    cut = 50
+    head = replace(window, compute=window.compute[:cut], cost=window.cost[:cut])
+    base = WithCovariates(model, metrics, ranks).predict_window(head, HZ)
+    later = metrics.assign(value=np.where(metrics["step"] >= cut, 0.0, metrics["value"]))
+    np.testing.assert_array_equal(WithCovariates(model, later, ranks).predict_window(head, HZ),
+                                  base)
+    earlier = metrics.assign(value=np.where(metrics["step"] < cut, 0.0, metrics["value"]))
+    assert not np.array_equal(WithCovariates(model, earlier, ranks).predict_window(head, HZ),
+                              base)
+    shifted = metrics.assign(step=metrics["step"] + 1000)
+    np.testing.assert_array_equal(
+        WithCovariates(model, shifted, ranks, first_step=1000).predict_window(head, HZ), base)
