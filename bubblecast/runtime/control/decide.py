@@ -27,6 +27,7 @@ from bubblecast.policy.actions import Repartition, action_to_json
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.decision import Decision
 from bubblecast.runtime.control.control_config import ControllerConfig, make_policy
+from bubblecast.runtime.control.covariate_model import CovariateModel, device_frame
 from bubblecast.runtime.control.forecasters import (
     CachingForecaster,
     DeadlineRunner,
@@ -89,6 +90,8 @@ class Decider:
         self.broken: str | None = None
         self.note: str | None = None
         self._raw: np.ndarray | None = None
+        self._temps: dict[int, np.ndarray] = {}  # step -> the ranks' temperatures
+        self._slowdown: np.ndarray | None = None  # the ranks' slowdown temperatures
         self.lead = None
         if c.policy == "predictive" and c.thermal_lead:
             from bubblecast.runtime.control.lead import ThermalLead
@@ -121,10 +124,18 @@ class Decider:
         self.history.add([s for s, _, _ in pend], compute, [p for _, p, _ in pend],
                          [m for _, _, m in pend])
         self.history.add_samples(fwd, tot)
-        if self.lead is not None and pend:
-            temps, slowdown = unpack_temperatures(rows, self.config.every,
-                                                  len(self.param_bytes))
-            self.lead.add([s for s, _, _ in pend], temps, slowdown)
+        if not pend:
+            return
+        temps, slowdown = unpack_temperatures(rows, self.config.every, len(self.param_bytes))
+        steps = [s for s, _, _ in pend]
+        if np.isfinite(temps).any() or np.isfinite(slowdown).any():  # device metrics
+            self._temps.update(zip(steps, temps, strict=True))
+            for old in sorted(self._temps)[:-self.config.history]:
+                del self._temps[old]
+            self._slowdown = slowdown if self._slowdown is None else \
+                np.where(np.isfinite(slowdown), slowdown, self._slowdown)
+        if self.lead is not None:
+            self.lead.add(steps, temps, slowdown)
 
     def decide(self, plan: Any, step: int, last_move: int | None
                ) -> tuple[Decision, dict[str, Any]]:
@@ -207,6 +218,8 @@ class Decider:
         if isinstance(inner, ModelSpeeds):
             inner.window = self._window(state)
             inner.offset = int(self.history.steps[-1]) - state.t  # ACI: origins by step
+            if isinstance(inner.model, CovariateModel):  # its covariates: device metrics
+                inner.model.device = self._device()
         self.forecaster.last = None
         if hasattr(self.policy, "clock"):  # the forecast guard keys origins by step number
             self.policy.clock = int(self.history.steps[-1])
@@ -279,6 +292,17 @@ class Decider:
         h = self.history
         return Window(compute=h.compute.copy(), cost=np.maximum(h.held(state.costs), 1e-12),
                       microbatches=int(h.microbatches[-1]))
+
+    def _device(self) -> Any:
+        """The ranks' device metrics in the window's numbering (row ``i``: history step
+        ``i``), as the covariate model reads them."""
+        steps = self.history.steps
+        temps = np.full((len(steps), self.history.stages), np.nan)
+        for i, s in enumerate(steps):
+            row = self._temps.get(int(s))
+            if row is not None:
+                temps[i] = row
+        return device_frame(temps, self._slowdown)
 
     def close(self) -> None:
         if self.external is not None:

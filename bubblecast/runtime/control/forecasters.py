@@ -2,7 +2,8 @@
 
 - :func:`load_forecaster`: a trained model served in process
   (:func:`bubblecast.forecast.served.load_served`: a model directory or ``models:/`` URI,
-  through the one model-to-speed adapter :class:`bubblecast.policy.speeds.ModelSpeeds`), a
+  through the one model-to-speed adapter :class:`bubblecast.policy.speeds.ModelSpeeds`; a
+  model with device-metric covariates as a :class:`.covariate_model.CovariateModel`), a
   ``module:factory`` import path, or the policy module's built-in trend forecaster.
 - :class:`DeadlineRunner`: runs a decision in a daemon thread and gives up after a deadline,
   so a slow forecaster never holds the training loop longer than that.
@@ -46,8 +47,9 @@ def load_forecaster(model: str | None = None, factory: str | None = None) -> tup
         return obj, f"custom forecaster {factory}"
     if model is not None:
         from bubblecast.forecast.served import check_model, load_served
+        from bubblecast.runtime.control.covariate_model import load_with_covariates
 
-        served, info = load_served(model)
+        served, info = load_served(model, loader=load_with_covariates)
         fc = ModelSpeeds(check_model(served), name=info.name)
         return fc, f"model '{info.name}' version {info.version} from {model} (in process)"
     from bubblecast.policy.policy_evaluation import BUILTIN_FORECASTER

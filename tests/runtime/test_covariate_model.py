@@ -1,0 +1,134 @@
+"""A model trained with device-metric covariates, served in the live loop (runtime/control/
+covariate_model.py): the controller builds the covariate features the dataset builder built
+for training, from the device metrics it gathers; one it cannot build is named, not guessed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bubblecast.cli import main
+from bubblecast.dataset.config import DatasetConfig
+from bubblecast.dataset.window import Window
+from bubblecast.errors import BubblecastError
+from bubblecast.policy.speeds import ForecastUnavailable
+from bubblecast.runtime.control.covariate_model import (
+    GATHERED,
+    CovariateModel,
+    device_frame,
+    load_with_covariates,
+)
+from bubblecast.telemetry.metrics import metrics_path, read_metrics, write_metrics
+
+STEPS = 160
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three simulated thermal runs with the temperature metrics the controller gathers, their
+    covariate features and a LightGBM model trained on them."""
+    d = tmp_path_factory.mktemp("cov-model")
+    runs = d / "runs.parquet"
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4",
+                 "--steps", str(STEPS), "--scenario", "thermal", "--seed", "1", "--runs", "3",
+                 "--out", str(runs)]) == 0
+    metrics = read_metrics(runs)
+    write_metrics(metrics[metrics["metric"].isin(GATHERED)], metrics_path(runs))
+    feats, model = d / "features.parquet", d / "model"
+    assert main(["dataset", str(runs), "--out", str(feats), "--covariates", "auto",
+                 "--horizons", "1,5"]) == 0
+    assert main(["train", str(feats), "--model", "lgbm", "--out", str(model), "--no-track",
+                 "--seed", "0"]) == 0
+    return {"runs": runs, "metrics": read_metrics(runs), "features": pd.read_parquet(feats),
+            "model": str(model)}
+
+
+def _window(steps: int) -> Window:
+    rng = np.random.default_rng(0)
+    return Window(compute=1.0 + 0.05 * rng.random((steps, 2)), cost=np.ones((steps, 2)),
+                  microbatches=4)
+
+
+def _temps(metrics: pd.DataFrame, run_id: str, upto: int) -> np.ndarray:
+    m = metrics[(metrics["metric"] == "temperature_c") & (metrics["run_id"] == run_id)]
+    out = np.full((upto + 1, 2), np.nan)
+    for row in m[m["step"] <= upto].itertuples():
+        out[row.step, row.rank] = row.value
+    return out
+
+
+def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
+    served = load_with_covariates(trained["model"])
+    assert isinstance(served, CovariateModel)
+    assert served.covariates and all(c.startswith("f_cov_temperature_c")
+                                     for c in served.covariates)
+    seen: list[pd.DataFrame] = []
+    inner = served.forecaster.predict_signal
+
+    def capture(rows: pd.DataFrame, hz: list[int]) -> dict[int, np.ndarray]:
+        seen.append(rows.copy())
+        return inner(rows, hz)
+
+    served.forecaster.predict_signal = capture
+    feats = trained["features"]
+    run = str(feats["run_id"].iloc[0])
+    rows = feats[feats["run_id"].astype(str) == run]
+    hot = rows.loc[rows["f_cov_temperature_c_d5"].idxmax(), "step"]  # heating: covariates move
+    for origin in (100, int(hot)):
+        served.device = device_frame(_temps(trained["metrics"], run, origin), None)
+        q = served.predict_window(_window(origin + 1), [1, 5])
+        assert q.shape == (2, 2, 3) and np.isfinite(q).all()
+        want = rows[rows["step"] == origin].sort_values("stage")
+        for col in served.covariates:
+            np.testing.assert_allclose(seen[-1][col].to_numpy(np.float64),
+                                       want[col].to_numpy(np.float64), rtol=1e-6,
+                                       equal_nan=True, err_msg=f"{col} at step {origin}")
+
+
+def test_no_device_metrics_is_said_not_guessed(trained: dict[str, Any]) -> None:
+    served = load_with_covariates(trained["model"])
+    with pytest.raises(ForecastUnavailable, match="reads device metrics"):
+        served.predict_window(_window(100), [1])
+    served.device = device_frame(np.full((100, 2), np.nan), np.array([85.0, 85.0]))
+    with pytest.raises(ForecastUnavailable, match="'temperature_c'"):
+        served.predict_window(_window(100), [1])
+
+
+def test_a_model_reading_an_ungathered_metric_is_refused_at_load() -> None:
+    fake = SimpleNamespace(horizons_=[1], features_=["f_cov_power_w", "f_level"],
+                           horizon_features_=[], dataset_config_=DatasetConfig(horizons=(1,)),
+                           predict_signal=lambda rows, hz: {})
+    with pytest.raises(BubblecastError, match="device metric 'power_w'"):
+        CovariateModel(fake)
+
+
+def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str, Any]) -> None:
+    from bubblecast.runtime.control.control_config import ControllerConfig
+    from bubblecast.runtime.control.decide import Decider
+    from bubblecast.runtime.control.observe import pack
+    from bubblecast.runtime.plan import check_plan
+
+    every, layers = 10, 8
+    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
+                              timeout_s=30.0)
+    plan = check_plan("1f1b", 2, 4, layers)
+    decider = Decider(config, plan, np.full(layers, 1e3))
+    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
+    temps = _temps(trained["metrics"], str(trained["features"]["run_id"].iloc[0]), 119)
+    for b in range(12):
+        steps = list(range(b * every, (b + 1) * every))
+        rows = np.stack([pack([1.0] * every, every, samples, layers, temps[steps, r], 85.0)
+                         for r in range(2)])
+        decider.observe(rows, [(s, plan.partition, 4) for s in steps])
+    _, record = decider.decide(plan, 119, None)
+    model = decider.forecaster.inner.model  # type: ignore[union-attr]
+    assert isinstance(model, CovariateModel) and "speed_plan" in record, record["reason"]
+    got = model.device
+    t = got[got["metric"] == "temperature_c"].pivot(index="step", columns="rank",
+                                                     values="value")
+    np.testing.assert_array_equal(t.to_numpy(), temps[:120])  # window rows = steps 0..119
+    assert got[got["metric"] == "temperature_slowdown_c"]["value"].tolist() == [85.0, 85.0]
