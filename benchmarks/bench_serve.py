@@ -5,15 +5,17 @@ its own process, so generator CPU and lateness stay out of the servers' latencie
 ``benchmarks/loadgen.py``, kept for the client tests, is compared once: ``generator_check``).
 ``bench_serve.lua`` makes wrk open-loop at a constant rate, latency from due times (as wrk2,
 which Debian lacks). Setup trains a small LightGBM forecaster, saves it as a model directory
-and logs it as an MLflow pyfunc (SQLite store). Then ``--repeats`` runs, each with both servers
-freshly started (``--workers`` each, default 2): at every offered rate, then at closed-loop capacity
-(8 connections), bubblecast, mlflow, bubblecast, mlflow (paired, alternating), ``--seconds``
-each. bubblecast answers ``POST /v1/forecast`` from a raw window (4 stages x 64 steps); MLflow
-answers ``POST /invocations`` with the window's *precomputed* feature rows (less work). A run's
-p99 pools its two slots per server and rate; the summary gives median and range over runs,
-with the load average beside every slot (the machine is shared) and bubblecast's own GC count
-and pause time per slot. Also: the fail-open client and the in-process ``Predictor``.
-Writes ``benchmarks/results/bench_serve.json``; 127.0.0.1 only. Usage:
+and logs it to MLflow (SQLite store) as ``train`` does (``modeldir.log_model``: the pyfunc face
+users get, bubblecast's source in ``code_paths``). Then ``--repeats`` runs, each with both
+servers freshly started (``--workers`` each, default 2): at every offered rate, then at
+closed-loop capacity (8 connections), bubblecast, mlflow, bubblecast, mlflow (paired,
+alternating), ``--seconds`` each. bubblecast answers ``POST /v1/forecast`` from a raw window
+(4 stages x 64 steps); MLflow, started without bubblecast on ``PYTHONPATH``, answers
+``POST /invocations`` with the window's *precomputed* feature rows (the signature's columns;
+less work). A run's p99 pools its two slots per server and rate; the summary gives median and
+range over runs, with the load average beside every slot (the machine is shared) and
+bubblecast's own GC count and pause time per slot. Also: the fail-open client and the
+in-process ``Predictor``. Writes ``benchmarks/results/bench_serve.json``; 127.0.0.1 only. Usage:
 ``python benchmarks/bench_serve.py [--repeats 3] [--rates 100,250,500] [--seconds 6]``.
 """
 
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from wrkload import (
@@ -47,33 +50,6 @@ from bubblecast.telemetry.io import atomic_write_text
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES, STEPS, MB, HORIZONS = 4, 64, 8, [1, 5, 10]
-
-PYFUNC = '''
-import mlflow
-import pandas as pd
-
-
-class BubblecastForecaster(mlflow.pyfunc.PythonModel):
-    """The bubblecast LightGBM forecaster as an MLflow pyfunc: feature rows in, quantiles out."""
-
-    def load_context(self, context):
-        from bubblecast.forecast.modeldir import load_model
-
-        self.model = load_model(context.artifacts["model_dir"])
-        self.horizons = [int(h) for h in self.model.horizons_]
-
-    def predict(self, context, model_input, params=None):
-        preds = self.model.predict_signal(model_input, self.horizons)
-        out = {}
-        for h, q in preds.items():
-            for j, name in enumerate(("p10", "p50", "p90")):
-                out[f"h{h}_{name}"] = q[:, j]
-        return pd.DataFrame(out)
-
-
-mlflow.models.set_model(BubblecastForecaster())
-'''
-
 
 def _have(module: str) -> str | None:
     """``module`` when importable (uvicorn then uses it for both servers), else None."""
@@ -98,8 +74,9 @@ def window(seed: int, steps: int, stages: int = STAGES) -> np.ndarray:
     return base * drift * spikes * (1.0 + 0.03 * rng.standard_normal((steps, stages)))
 
 
-def train(tmp: Path, runs: int) -> Path:
-    """A fitted LightGBM forecaster saved as a model directory."""
+def train(tmp: Path, runs: int) -> tuple[Path, Any]:
+    """A fitted LightGBM forecaster saved as a model directory, and a few of its training
+    rows (the sample ``log_model`` checks the signature's columns on)."""
     import pandas as pd
 
     from bubblecast.dataset.features import build_features
@@ -117,23 +94,22 @@ def train(tmp: Path, runs: int) -> Path:
     series = pd.concat(parts, ignore_index=True)
     series["run_id"] = series["run_id"].astype("category")
     series["scenario"] = series["scenario"].astype("category")
-    model = LGBMForecaster(n_estimators=200, seed=0).fit(build_features(series))
-    return save_model(model, tmp / "lgbm", metrics={"note": "synthetic benchmark model"})
+    frame = build_features(series)
+    model = LGBMForecaster(n_estimators=200, seed=0).fit(frame)
+    return (save_model(model, tmp / "lgbm", metrics={"note": "synthetic benchmark model"}),
+            frame.head(5))
 
 
-def log_pyfunc(tmp: Path, model_dir: Path) -> tuple[str, str]:
-    """Log ``model_dir`` as an MLflow pyfunc in a SQLite store; (tracking URI, model URI)."""
-    import mlflow
+def log_pyfunc(tmp: Path, model_dir: Path, sample: Any) -> tuple[str, str]:
+    """Log ``model_dir`` as ``train`` does, in a SQLite store; (tracking URI, model URI)."""
+    from bubblecast.forecast.modeldir import log_model
+    from bubblecast.forecast.tracking import DEFAULT_EXPERIMENT, create_experiment, mlflow_run
 
     tracking = f"sqlite:///{tmp / 'mlflow.db'}"
-    mlflow.set_tracking_uri(tracking)
-    code = tmp / "pyfunc_model.py"
-    code.write_text(PYFUNC)
-    with mlflow.start_run():
-        info = mlflow.pyfunc.log_model(name="model", python_model=str(code),
-                                       artifacts={"model_dir": str(model_dir)},
-                                       pip_requirements=["mlflow", "lightgbm", "pandas"])
-    return tracking, info.model_uri
+    create_experiment(tracking, DEFAULT_EXPERIMENT, tmp / "mlruns")
+    with mlflow_run(tracking, "bench-serve") as mlflow:
+        info = log_model(mlflow, model_dir, sample, None, None)
+    return tracking, info["model_uri"]
 
 
 def bodies(model_dir: Path, n: int) -> tuple[list[bytes], list[bytes], list[np.ndarray]]:
@@ -142,11 +118,11 @@ def bodies(model_dir: Path, n: int) -> tuple[list[bytes], list[bytes], list[np.n
     from bubblecast.dataset.window import Window
     from bubblecast.forecast.modeldir import load_model
     from bubblecast.forecast.served import FeatureModel
+    from bubblecast.forecast.tracking import forecaster_inputs
 
     model = load_model(model_dir)
     exact = FeatureModel(model, fast=False)  # the dataset's own build_features
-    cols = list(model.features_) + [f"x{h}_{g[2:]}" for h in HORIZONS
-                                    for g in model.horizon_features_] + ["level"]
+    cols = forecaster_inputs(model)  # the logged signature's columns
     ours, theirs, work = [], [], []
     for i in range(n):
         c = window(1000 + i, STEPS)
@@ -265,7 +241,7 @@ def agree(port_ours: int, port_mlflow: int, ours: bytes, theirs: bytes, work: np
     rows = b["predictions"] if isinstance(b, dict) else b
     for i, h in enumerate(HORIZONS):
         mine = np.array([r["p50"][i] for r in a["ranks"]])
-        other = np.array([row[f"h{h}_p50"] for row in rows]) * work
+        other = np.array([row[f"p50_h{h}"] for row in rows]) * work
         if not np.allclose(mine, other, rtol=1e-5):
             return False
     return True
@@ -281,7 +257,9 @@ def servers(model_dir: Path, model_uri: str, tracking: str, env: dict[str, str],
     try:
         theirs = start([str(BIN / "mlflow"), "models", "serve", "-m", model_uri,
                         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(p_mlflow),
-                        "-w", str(workers)], {**env, "MLFLOW_TRACKING_URI": tracking},
+                        "-w", str(workers)],
+                       {**{k: v for k, v in env.items() if k != "PYTHONPATH"},
+                        "MLFLOW_TRACKING_URI": tracking},
                        f"http://127.0.0.1:{p_mlflow}/ping")
     except Exception:
         stop(ours)
@@ -342,8 +320,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmpdir:
         tmp = Path(tmpdir)
         t0 = time.perf_counter()
-        model_dir = train(tmp, args.runs)
-        tracking, model_uri = log_pyfunc(tmp, model_dir)
+        model_dir, sample = train(tmp, args.runs)
+        tracking, model_uri = log_pyfunc(tmp, model_dir, sample)
         results["setup_s"] = round(time.perf_counter() - t0, 1)
         ours, theirs, work = bodies(model_dir, 16)
         files = {"bubblecast": write_bodies(ours, tmp), "mlflow": write_bodies(theirs, tmp)}

@@ -207,30 +207,46 @@ def load_model(where: str | os.PathLike[str], tracking_uri: str | None = None) -
 
 def log_model(mlflow: Any, model_dir: str | Path, sample: Any, registered_name: str | None,
               alias: str | None) -> dict[str, Any]:
-    """Log the model directory as a pyfunc model (with signature); register and alias it."""
-    from mlflow.models import infer_signature
+    """Log the model directory as a pyfunc model whose signature holds only the columns the
+    forecaster reads; register and alias it. ``sample``: a few features-frame rows, on
+    which the pyfunc's inputs must give the forecaster's own predictions (else an error)."""
+    import numpy as np
 
-    from bubblecast.forecast.tracking import plain_frame
+    from bubblecast.forecast.tracking import (
+        forecaster_inputs,
+        forecaster_signature,
+        numeric_inputs,
+    )
 
     model = load_model(model_dir)
-    sample = plain_frame(sample.reset_index(drop=True))
-    signature = infer_signature(sample, plain_frame(model.predict(sample)))
-    return log_model_dir(mlflow, model_dir, signature, model.kind, registered_name, alias)
+    inputs = forecaster_inputs(model)
+    hz = list(model.horizons_)
+    full = model.predict_signal(sample.reset_index(drop=True), hz)
+    narrow = model.predict_signal(numeric_inputs(sample, inputs), hz)
+    for h in hz:
+        if not np.allclose(full[h], narrow[h], rtol=1e-6, equal_nan=True):
+            raise BubblecastError(f"{model_dir}: the {model.kind} model reads columns beyond "
+                                  f"its signature ({', '.join(inputs)}); cannot log it")
+    return log_model_dir(mlflow, model_dir, forecaster_signature(model, inputs), model.kind,
+                         registered_name, alias)
 
 
 def log_model_dir(mlflow: Any, model_dir: str | Path, signature: Any, kind: str,
                   registered_name: str | None, alias: str | None) -> dict[str, Any]:
-    """Log a model directory of ``kind`` with ``signature`` as a pyfunc model; register it
-    under ``registered_name`` and point ``alias`` at it. ``{"model_uri"}``, plus ``name``,
-    ``version`` and ``uri`` when registered."""
-    from bubblecast.forecast.tracking import pip_requirements
+    """Log a model directory of ``kind`` with ``signature`` as a pyfunc model carrying
+    bubblecast's source as ``code_paths`` and ``bubblecast_version`` in its metadata;
+    register it under ``registered_name`` and point ``alias`` at it. ``{"model_uri"}``,
+    plus ``name``, ``version`` and ``uri`` when registered."""
+    from bubblecast.forecast.tracking import package_source, pip_requirements
 
     code = Path(__file__).with_name("pyfunc_model.py")
-    with contextlib.redirect_stderr(io.StringIO()):  # "Successfully registered model ..."
+    with (tempfile.TemporaryDirectory(prefix="bubblecast-code-") as tmp,
+          contextlib.redirect_stderr(io.StringIO())):  # "Successfully registered model ..."
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(code), artifacts={"model_dir": str(model_dir)},
-            signature=signature, pip_requirements=pip_requirements(kind),
-            registered_model_name=registered_name)
+            code_paths=[str(package_source(tmp))], signature=signature,
+            pip_requirements=pip_requirements(kind), registered_model_name=registered_name,
+            metadata={"bubblecast_version": __version__, "bubblecast_kind": kind})
     out: dict[str, Any] = {"model_uri": info.model_uri}
     if registered_name:
         version = getattr(info, "registered_model_version", None)

@@ -9,11 +9,20 @@ database store). Models are logged as a pyfunc "model from code" (``pyfunc_model
 the bubblecast model directory as an artifact, with a signature and explicit pip requirements
 (no environment inference, no pickle), then registered and addressed by alias, e.g.
 ``models:/bubblecast-forecaster@champion``.
+
+A logged model runs where bubblecast is not installed: its ``code/`` holds bubblecast's
+source (:func:`package_source`, MLflow's ``code_paths``), its requirements are the libraries
+that source needs (:func:`pip_requirements`; not bubblecast itself, which on PyPI names
+another project) and its MLflow metadata records ``bubblecast_version``. A forecaster's
+signature (:func:`forecaster_signature`) lists only the columns the model reads
+(:func:`forecaster_inputs`), as doubles, so the extra columns of a features file (keys,
+targets, the scenario) are dropped before prediction whatever their dtype.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata as importlib_metadata
@@ -87,7 +96,9 @@ def metric_dict(table: Any, prefix: str = "") -> dict[str, float]:
 
 
 def pip_requirements(kind: str) -> list[str]:
-    """Pinned pip requirements of a logged model of ``kind`` (installed versions)."""
+    """Pinned pip requirements of a logged model of ``kind`` (installed versions): the
+    libraries bubblecast's load and predict path imports (bubblecast itself travels as code,
+    :func:`package_source`)."""
     names = ["numpy", "pandas", "pyarrow", "scikit-learn"]
     names += {"lgbm": ["lightgbm"], "seq": ["torch"], "cost": ["lightgbm"]}.get(kind, [])
     reqs = []
@@ -99,12 +110,77 @@ def pip_requirements(kind: str) -> list[str]:
     return reqs
 
 
-def plain_frame(frame: Any) -> Any:
-    """Categorical columns as strings (MLflow schemas have no categorical type)."""
+def package_source(dest: str | Path) -> Path:
+    """Copy the bubblecast package's source (no bytecode, no bundled sample data) into
+    ``dest/bubblecast``; returns that folder, for MLflow's ``code_paths``."""
+    src = Path(__file__).resolve().parents[1]
+    target = Path(dest) / "bubblecast"
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
+                                                                "_bundled"))
+    return target
+
+
+def forecaster_inputs(model: Any) -> list[str]:
+    """The features-frame columns a fitted forecaster reads to predict: its inputs (shared
+    and per-horizon), the anchor it scales by, ``f_tokens_ratio`` (the conformal group) for
+    a model with an anchor, and a seasonal baseline's ``f_u_lag0`` fall-back; sorted."""
+    from bubblecast.dataset.online_frame import FastFeatures
+    from bubblecast.forecast.base import ANCHORS
+
+    need = set(FastFeatures.needed(model))
+    anchor = getattr(model, "anchor", None)
+    if anchor is not None:
+        need |= {ANCHORS[anchor], "f_tokens_ratio"}
+    if getattr(model, "kind", None) == "seasonal_naive":
+        need.add("f_u_lag0")
+    return sorted(need)
+
+
+def wide_quantiles(preds: dict[int, Any]) -> Any:
+    """``{h: (n, 3) array}`` as one row per input row: ``p10_h{h}``, ``p50_h{h}``,
+    ``p90_h{h}`` for each horizon (the pyfunc face's output)."""
+    import numpy as np
     import pandas as pd
 
-    cats = [c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)]
-    return frame.astype({c: str for c in cats}) if cats else frame
+    out = {}
+    for h, q in preds.items():
+        q = np.sort(np.asarray(q, dtype=np.float64), axis=1)
+        for j, name in enumerate(("p10", "p50", "p90")):
+            out[f"{name}_h{h}"] = q[:, j]
+    return pd.DataFrame(out)
+
+
+def numeric_inputs(frame: Any, columns: list[str]) -> Any:
+    """``frame``'s ``columns`` as float64 (nullable and Arrow numbers too; missing values
+    NaN), in that order; one-line error naming a column that is absent or not numeric."""
+    import numpy as np
+    import pandas as pd
+
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise BubblecastError(f"model input: column '{missing[0]}' is missing")
+    out = {}
+    for c in columns:
+        try:
+            out[c] = frame[c].to_numpy(dtype=np.float64, na_value=np.nan)
+        except (TypeError, ValueError):
+            raise BubblecastError(f"model input: column '{c}' is not numeric "
+                                  f"({frame[c].dtype})") from None
+    return pd.DataFrame(out, index=range(len(frame)))
+
+
+def forecaster_signature(model: Any, inputs: list[str]) -> Any:
+    """MLflow signature of a forecaster's pyfunc face: ``inputs`` as required doubles, the
+    :func:`wide_quantiles` columns out, and a ``horizons`` parameter (default: all)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
+
+    hz = [int(h) for h in model.horizons_]
+    outputs = [f"{q}_h{h}" for h in hz for q in ("p10", "p50", "p90")]
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.double, c) for c in inputs]),
+        outputs=Schema([ColSpec(DataType.double, c) for c in outputs]),
+        params=ParamSchema([ParamSpec("horizons", DataType.long, hz, shape=(-1,))]))
 
 
 def download_model(uri: str, dest: str | Path, tracking_uri: str | None = None) -> Path:

@@ -47,13 +47,14 @@ def test_registered_model_loads_by_alias_with_identical_predictions(features_fil
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"model.json", "forecast_vs_actual.png"} <= artifacts
 
-    # The pyfunc face gives the same numbers.
-    from bubblecast.forecast.tracking import plain_frame as _plain
-
+    # The pyfunc face gives the same numbers, one row per input row, from the frame as read
+    # (categorical keys, targets and all: what is not in its signature is ignored).
     pyfunc = mlflow.pyfunc.load_model("models:/bc-test@champion")
-    out = pyfunc.predict(_plain(frame.head(20)))
-    np.testing.assert_allclose(out["p50"].to_numpy(), local["p50"].to_numpy()[
-        np.r_[0:20, len(frame):len(frame) + 20]])
+    out = pyfunc.predict(frame.head(20))
+    assert list(out.columns) == [f"{q}_h{h}" for h in (1, 5) for q in ("p10", "p50", "p90")]
+    for i, h in enumerate((1, 5)):
+        np.testing.assert_array_equal(out[f"p50_h{h}"].to_numpy(), local["p50"].to_numpy()[
+            i * len(frame):i * len(frame) + 20])
 
     code = main(["evaluate", str(features_file), "--model", "models:/bc-test@champion",
                  "--tracking-uri", uri, "--json"])
