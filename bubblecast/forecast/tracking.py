@@ -12,8 +12,9 @@ the bubblecast model directory as an artifact, with a signature and explicit pip
 
 A logged model runs where bubblecast is not installed: its ``code/`` holds bubblecast's
 source (:func:`package_source`, MLflow's ``code_paths``), its requirements are the libraries
-that source needs (:func:`pip_requirements`; not bubblecast itself, which on PyPI names
-another project) and its MLflow metadata records ``bubblecast_version``. A forecaster's
+that source needs (:func:`pip_requirements`; not bubblecast itself, which no package index
+is known to serve: an environment MLflow builds from the requirements would fail on it) and
+its MLflow metadata records ``bubblecast_version``. A forecaster's
 signature (:func:`forecaster_signature`) lists only the columns the model reads
 (:func:`forecaster_inputs`), as doubles, so the extra columns of a features file (keys,
 targets, the scenario) are dropped before prediction whatever their dtype.
