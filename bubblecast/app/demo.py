@@ -59,7 +59,8 @@ class DemoConfig:
     seeds) of ``steps`` steps; dataset ``horizons``/``windows``/``lags``; model sizes; the
     ``megatron`` trace (None skips it); ``live``: the 2-process CPU closed loop of
     ``live_steps`` steps of an MLP of ``live_layers`` x ``live_hidden`` under ``live_inject``
-    (``collect --inject`` syntax), once per ``live_policies`` (predictive uses the champion)."""
+    (``collect --inject`` syntax), once per ``live_policies`` (predictive uses the champion);
+    ``balanced_steps``: steps of each launch of the balanced-work stage (with ``live``)."""
 
     seed: int = 0
     scenarios: tuple[str, ...] = SCENARIOS
@@ -83,6 +84,7 @@ class DemoConfig:
     live_hidden: int = 512
     live_inject: str = "rank=1,factor=2.0,start=60,ramp=40,end=220"
     live_policies: tuple[str, ...] = ("static", "predictive")
+    balanced_steps: int = 40
 
     def __post_init__(self) -> None:
         from bubblecast.sim.scenarios import SCENARIOS as KNOWN
@@ -126,12 +128,12 @@ def preset(name: str, **overrides: Any) -> DemoConfig:
     presets: dict[str, dict[str, Any]] = {
         "default": {},
         "quick": dict(runs=3, heldout_runs=1, steps=240, lgbm_estimators=120, seq_epochs=5,
-                      max_train_rows=20_000, live_steps=150,
+                      max_train_rows=20_000, live_steps=150, balanced_steps=24,
                       live_inject="rank=1,factor=2.0,start=30,ramp=30,end=140"),
         "tiny": dict(scenarios=("throttle", "failslow", "periodic"), runs=2, heldout_runs=1,
                      steps=60, horizons=(1, 4), windows=(4, 8, 16), lags=8, lgbm_estimators=20,
                      lgbm_leaves=7, seq_epochs=2, seq_hidden=8, max_train_rows=5_000,
-                     track=False, live=False, live_steps=30, live_hidden=64,
+                     track=False, live=False, live_steps=30, live_hidden=64, balanced_steps=8,
                      live_inject="rank=1,factor=2.0,start=8,ramp=8")}
     if name not in presets:
         raise BubblecastError(f"unknown demo preset '{name}' (default, quick, tiny)")
@@ -354,6 +356,17 @@ def live(demo: Demo) -> dict[str, Any]:
             "figures": {"live/live.png": "bubblecast.app.demo_report.plot_live"}}
 
 
+def balanced(demo: Demo) -> dict[str, Any]:
+    """Balanced work live: collect, fit the cost model, run ``balance`` beside static on the
+    packed GPT (:mod:`bubblecast.app.demo_balance`); skipped with the live stage."""
+    from bubblecast.app.demo_balance import balanced as run_balanced
+
+    c = demo.config
+    if not c.live:
+        return {"skipped": "live stages disabled in this configuration"}
+    return run_balanced(demo, c.balanced_steps, c.seed)
+
+
 #: (name, title, function) in the order they run.
 STAGES: tuple[tuple[str, str, Callable[[Demo], dict[str, Any]]], ...] = (
     ("simulate", "Simulate the scenario suite", simulate),
@@ -363,6 +376,7 @@ STAGES: tuple[tuple[str, str, Callable[[Demo], dict[str, Any]]], ...] = (
     ("policy_eval", "Evaluate policies offline", policy_eval),
     ("megatron", "Inspect the real Megatron-LM trace", megatron),
     ("live", "Live closed loop on CPU", live),
+    ("balanced", "Balanced work live on CPU", balanced),
 )
 #: What a fresh run removes first (the files and folders of an earlier demo).
 OWNED: tuple[str, ...] = (REPORT, SUMMARY, "mlflow.db", "mlruns",

@@ -321,12 +321,20 @@ def _live(r: dict[str, Any]) -> list[str]:
                             "final partition", "control overhead %"], rows), *_img(r)]
 
 
+def _balanced(r: dict[str, Any]) -> list[str]:
+    from bubblecast.app.demo_balance import report_section
+
+    return report_section(r, _table)
+
+
 SECTIONS = (("simulate", "Simulated scenario suite", _simulate), ("dataset", "Dataset", _dataset),
             ("train", "Forecasters: training", _train),
             ("forecast_eval", "Forecasters: held-out suite", _forecast_eval),
             ("policy_eval", "Policies, evaluated offline", _policy_eval),
             ("megatron", "Real Megatron-LM trace", _megatron),
-            ("live", "Live closed loop on CPU", _live))
+            ("live", "Live closed loop on CPU", _live),
+            ("balanced", "Balanced work live on CPU", _balanced))
+
 
 
 def render(doc: dict[str, Any], command: str | None = None) -> str:
@@ -340,7 +348,7 @@ def render(doc: dict[str, Any], command: str | None = None) -> str:
                                                  stages[name].get("skipped") or "")
                                                 for name in stages])]
     for k, (name, title, section) in enumerate(SECTIONS, start=1):
-        r = stages[name]
+        r = stages.get(name, {"skipped": "not run (a demo.json from before this stage)"})
         body = [f"Skipped: {r['skipped']}."] if r.get("skipped") else section(r)
         parts.append("\n\n".join([f"## {k}. {title}", *body]))
     made = [(f"`{path}`", by if by.startswith("`") else f"`{by}`") for r in stages.values()

@@ -55,3 +55,12 @@ def test_live_stage_runs_the_closed_loop_per_policy(tmp_path):
     assert live["policies"]["static"]["actions_taken"] == 0
     report = (tmp_path / "demo" / "report.md").read_text()
     assert "## 7. Live closed loop on CPU" in report and "live/live.png" in report
+    balanced = doc["stages"]["balanced"]
+    assert balanced["steps"] == config.balanced_steps
+    planned = balanced["policies"]["balance"]
+    assert planned["decisions"] == config.balanced_steps and planned["fallbacks"] == 0
+    assert balanced["policies"]["static"]["decisions"] == 0
+    assert balanced["loss_max_rel_diff"] < 1e-4  # the same documents, another packing
+    assert set(balanced["predicted_speedup"]) == {"static", "tokens", "balance", "oracle"}
+    assert (tmp_path / "demo" / "balanced" / "cost" / "model.json").is_file()
+    assert "## 8. Balanced work live on CPU" in report
