@@ -546,15 +546,27 @@ def write_event_arrays(a: EventArrays, path: str | os.PathLike[str]) -> Path:
     checks that need no pass over the rows first, the row checks (:func:`check_event_rows`)
     while the file is written atomically (a refused table leaves no file). A ``path`` that is
     a directory (or ends with ``/``) is a fleet: the events of one run are appended as
-    ``run_id=<id>/part-00000.parquet`` (:func:`bubblecast.telemetry.fleet.append_run`; a
-    fleet is written a run at a time)."""
+    ``run_id=<id>/part-00000.parquet`` in the fleet's part layout
+    (:func:`bubblecast.telemetry.fleet.append_run`; a fleet is written a run at a time)."""
     from bubblecast.telemetry import fleet
 
     if fleet.is_directory_target(path):
-        return fleet.append_run(a, path, write_event_arrays)  # type: ignore[arg-type]
+        return fleet.append_run(a, path, lambda one, part: _write_arrays(  # type: ignore
+            one, part, fleet_part=True))
+    return _write_arrays(a, path)
+
+
+def _write_arrays(a: EventArrays, path: str | os.PathLike[str], fleet_part: bool = False
+                  ) -> Path:
+    """:func:`write_event_arrays` of one file; ``fleet_part``: a part being added to the fleet
+    two directories up, in the fleet's schema (:func:`bubblecast.telemetry.fleet.part_table`)."""
     source = str(path)
     _check_event_types(a, source)
     table = event_table(a)
+    if fleet_part:
+        from bubblecast.telemetry import fleet
+
+        table = fleet.part_table(table, fleet.part_schema(Path(path).parent.parent), source)
     options = parquet_options(table)
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp, **options),
                         alongside=lambda: check_event_rows(a, source))

@@ -1,16 +1,32 @@
-"""The fleet layout: many runs as one Parquet dataset partitioned by run.
+"""The fleet layout: many runs as one plain hive-partitioned Parquet dataset.
 
 A fleet is a directory holding one ``run_id=<id>/`` directory per run (the id URL-quoted, so
 any run id is a valid name) with that run's events in ``*.parquet`` parts, each carrying the
 run's metadata in its key-value store as a single events file does. ``simulate --runs N --out
 DIR/`` and :func:`bubblecast.telemetry.io.write_events` to a directory write ``part-00000.parquet``
-per run; the recorder writes ``rank<r>-<k>.parquet`` parts into the same kind of directory.
+per run.
+
+So that every common reader (pandas, ``pyarrow.dataset`` with hive partitioning, polars, duckdb,
+dask) opens a fleet as the same rows as the single-file output, a part (:func:`part_table`):
+
+- holds no ``run_id`` column: the partition key ``run_id=<id>`` stores it once (an in-file copy
+  clashes with the key's inferred type in one reader or another);
+- has the fleet's one schema: the SPEC's other required columns, then every SPEC optional
+  column (absent ones as typed nulls), then the fleet's extra columns (those of its first run;
+  a later run may lack one, never add one); string columns dictionary-encoded with ``int32``
+  indices;
+- is the only kind of file inside the fleet directory. Sidecars (device metrics of a run)
+  live beside the fleet in ``_<name>.sidecars/run_id=<id>/`` (:func:`run_sidecar_dir`): polars
+  reads every file under the directory it is given, underscore- or dot-prefixed ones included.
+
+Fleets written before this layout (``run_id`` inside each part, ``*.metrics`` inside the run
+directories: :func:`is_legacy_part`) are still read; new runs are not appended to them.
 
 Appending a run is atomic: its directory is written under a hidden temporary name and renamed
 into place, so readers (which skip hidden names) never see half a run.
 
-This module knows the layout only (names, listing, units of work, the atomic append); reading
-and writing Parquet is :mod:`bubblecast.telemetry.io`'s, handed in as a callable where needed.
+This module knows the layout (names, listing, the part schema, units of work, the atomic
+append); writing Parquet is :mod:`bubblecast.telemetry.io`'s, handed in as a callable.
 """
 
 from __future__ import annotations
@@ -21,7 +37,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from bubblecast.errors import BubblecastError
@@ -33,6 +49,24 @@ if TYPE_CHECKING:
 RUN_PREFIX = "run_id="
 #: File name of a run's part written by ``write_events``/``simulate``.
 PART_NAME = "part-00000.parquet"
+#: Suffix of the folder beside a directory output (``_<name>.sidecars``) holding its sidecars.
+SIDECARS_SUFFIX = ".sidecars"
+
+
+def sidecar_dir(root: str | os.PathLike[str]) -> Path:
+    """``_<name>.sidecars/`` beside the directory output ``root`` (a fleet or a features
+    dataset): where its sidecar files live, outside the data tree every reader lists."""
+    p = Path(os.path.normpath(os.fspath(root)))
+    if p.name in ("", ".", ".."):
+        p = Path(os.path.abspath(p))
+    return p.parent / f"_{p.name}{SIDECARS_SUFFIX}"
+
+
+def run_sidecar_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """The sidecar folder of a fleet's run directory ``FLEET/run_id=<id>``:
+    ``_FLEET.sidecars/run_id=<id>/``."""
+    p = Path(os.path.normpath(os.fspath(run_dir)))
+    return sidecar_dir(p.parent) / p.name
 
 
 def run_dir_name(run_id: str) -> str:
@@ -69,6 +103,96 @@ def is_directory_target(path: str | os.PathLike[str]) -> bool:
     """Whether an output ``path`` names a directory: it exists as one, or ends with ``/``."""
     text = os.fspath(path)
     return Path(text).is_dir() or text.endswith(("/", os.sep))
+
+
+def is_legacy_part(names: list[str], path: str | os.PathLike[str]) -> bool:
+    """Whether a part with columns ``names`` at ``path`` is of the layout before the current
+    one (``run_id`` stored inside the part of a ``run_id=`` directory)."""
+    return "run_id" in names and run_id_of(Path(path).parent) is not None
+
+
+def part_schema(root: str | os.PathLike[str]) -> Any:
+    """The Arrow schema of a part already in the fleet ``root`` (the fleet's schema, which
+    every part shares), or None for a new or empty fleet; one footer read."""
+    import pyarrow.parquet as pq
+
+    p = Path(root)
+    if not p.is_dir():
+        return None
+    for entry in os.scandir(p):
+        if run_id_of(entry.name) is None or not entry.is_dir():
+            continue
+        parts = sorted(f for f in os.listdir(entry.path)
+                       if f.endswith(".parquet") and not f.startswith("."))
+        if parts:
+            return pq.read_schema(Path(entry.path) / parts[0])
+    return None
+
+
+def _string_type(typ: Any) -> bool:
+    import pyarrow as pa
+
+    value = typ.value_type if pa.types.is_dictionary(typ) else typ
+    return bool(pa.types.is_string(value) or pa.types.is_large_string(value))
+
+
+def _conform(column: Any, typ: Any, source: str, name: str) -> Any:
+    """``column`` (an Arrow array or chunked array) as type ``typ`` of the fleet's schema."""
+    import pyarrow as pa
+
+    if column.type == typ:
+        return column
+    try:
+        if pa.types.is_dictionary(typ) and not pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+            chunked = column if isinstance(column, pa.ChunkedArray) else \
+                pa.chunked_array([column])
+            column = chunked.combine_chunks().dictionary_encode()
+        return column.cast(typ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise BubblecastError(f"{source}: column '{name}' is {column.type}, the fleet's parts "
+                              f"hold {typ} ({' '.join(str(exc).split())})") from None
+
+
+def part_table(table: Any, reference: Any = None, source: str = "<memory>") -> Any:
+    """An events Arrow table of one run as a part of a fleet whose parts have the schema
+    ``reference`` (None: a new fleet): the layout in the module doc. Raises a one-line
+    :class:`BubblecastError` for a column the fleet's schema has no room for."""
+    import pyarrow as pa
+
+    from bubblecast.telemetry.schema import OPTIONAL, REQUIRED
+
+    dict32 = pa.dictionary(pa.int32(), pa.string())
+    if reference is not None and "run_id" in reference.names:
+        raise BubblecastError(f"{source}: the fleet was written in the layout before this "
+                              "bubblecast's (run_id inside each part); it is still read, "
+                              "but write new runs to a new fleet directory")
+    known = [c for c in REQUIRED if c != "run_id"] + list(OPTIONAL)
+    extras = [c for c in table.column_names if c not in REQUIRED and c not in OPTIONAL]
+    if reference is not None:
+        ref_extras = [c for c in reference.names if c not in REQUIRED and c not in OPTIONAL]
+        new = [c for c in extras if c not in ref_extras]
+        if new:
+            raise BubblecastError(f"{source}: column '{new[0]}' is not in the fleet's schema "
+                                  "(the runs of a fleet share one schema: write this run to "
+                                  "another fleet)")
+        extras = ref_extras
+    n = table.num_rows
+    arrays, fields = [], []
+    for name in known + extras:
+        if reference is not None:
+            typ = reference.field(name).type
+        elif name == "op":
+            typ = pa.dictionary(pa.int8(), pa.string())
+        elif name in table.column_names and not _string_type(table.schema.field(name).type):
+            typ = table.schema.field(name).type
+        else:
+            typ = REQUIRED.get(name, OPTIONAL.get(name, pa.string()))
+            typ = dict32 if _string_type(typ) else typ
+        column = table.column(name) if name in table.column_names else pa.nulls(n, typ)
+        arrays.append(_conform(column, typ, source, name))
+        fields.append(pa.field(name, typ, nullable=name not in REQUIRED))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
 @dataclass(frozen=True)
@@ -175,5 +299,7 @@ def append_runs(events: Events, fleet: str | os.PathLike[str],
     return root
 
 
-__all__ = ["PART_NAME", "RUN_PREFIX", "Unit", "append_run", "append_runs", "fleet_runs",
-           "is_directory_target", "is_fleet", "run_dir_name", "run_id_of", "units_of"]
+__all__ = ["PART_NAME", "RUN_PREFIX", "SIDECARS_SUFFIX", "Unit", "append_run", "append_runs",
+           "fleet_runs", "is_directory_target", "is_fleet", "is_legacy_part", "part_schema",
+           "part_table", "run_dir_name", "run_id_of", "run_sidecar_dir", "sidecar_dir",
+           "units_of"]

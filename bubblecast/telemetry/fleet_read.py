@@ -9,8 +9,8 @@ verified) into one frame, and that frame is validated once. The result equals re
 runs one by one and concatenating them (:meth:`Events.concat`: run ids in sorted categories).
 
 Anything unusual (schemas that differ, a part without run metadata, a run whose metadata must
-be inferred, a file that fails to read or validate) gives None: the caller then reads run by
-run, whose errors name the run and file exactly as before.
+be inferred, parts of two fleet layouts, a file that fails to read or validate) gives None:
+the caller then reads run by run, whose errors name the run and file exactly as before.
 """
 
 from __future__ import annotations
@@ -23,35 +23,59 @@ from bubblecast.errors import BubblecastError
 from bubblecast.telemetry.events import Events
 
 
-def _footers(files: list[Path], columns: list[str] | None) -> tuple[Any, dict[str, Any]]:
+def _footers(files: list[Path], columns: list[str] | None) -> tuple[Any, dict[str, Any], Any]:
     """The union of the columns ``files`` hold that a read wants (a run without ``tokens``
-    gets nulls there, as a concat gives) and their runs' metadata, merged in file order as
-    a concat does. Raises when a part has no run metadata or types conflict."""
+    gets nulls there, as a concat gives; the optional columns a current-layout part pads with
+    nulls count as absent there) and their runs' metadata, merged in file order as a concat
+    does; and, when the parts hold no ``run_id`` (the partition key does), the run of each
+    file's rows (None for parts of the earlier layout). Raises when a part has no run
+    metadata, types conflict, or the layouts are mixed."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from bubblecast.telemetry.frames import wanted_columns
-    from bubblecast.telemetry.io import check_unread_types
+    from bubblecast.telemetry.io import check_unread_types, fleet_part_columns
     from bubblecast.telemetry.schema import METADATA_KEY, decode_metadata
 
     runs: dict[str, Any] = {}
     schemas = []
+    keys: list[tuple[str, int]] = []
     for f in files:
-        schema = pq.read_schema(f)
+        footer = pq.read_metadata(f)
+        schema = footer.schema.to_arrow_schema()
         want, _ = wanted_columns(schema, columns)
         check_unread_types(schema, want, str(f))
+        run, want = fleet_part_columns(f, footer, want)
+        if run is not None:
+            keys.append((run, footer.num_rows))
         decoded = decode_metadata((schema.metadata or {}).get(METADATA_KEY))
         if not decoded:
             raise ValueError(f"{f}: no run metadata")
         runs.update(decoded)
         kept = schema.remove_metadata()
         schemas.append(kept if want is None else pa.schema([kept.field(c) for c in want]))
-    return pa.unify_schemas(schemas), runs
+    if keys and len(keys) != len(files):
+        raise ValueError("parts of two fleet layouts")
+    return pa.unify_schemas(schemas), runs, keys or None
 
 
-def _scan(files: list[Path], schema: Any) -> Any:
+def _run_ids(keys: list[tuple[str, int]]) -> Any:
+    """The ``run_id`` column of parts whose rows belong to ``keys`` ``(run, rows)`` in
+    order: a dictionary array over the sorted run ids (as :meth:`Events.concat` orders)."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = sorted({run for run, _ in keys})
+    code = {run: i for i, run in enumerate(names)}
+    indices = np.repeat(np.array([code[r] for r, _ in keys], dtype=np.int32),
+                        [n for _, n in keys])
+    return pa.DictionaryArray.from_arrays(pa.array(indices), pa.array(names, pa.string()))
+
+
+def _scan(files: list[Path], schema: Any, keys: Any = None) -> Any:
     """The frame of the ``schema`` columns of ``files`` (one dataset scan, in file order;
-    None when a column type needs the general reader), before validation."""
+    None when a column type needs the general reader), before validation; ``keys``: the run
+    of each file's rows when the parts hold no ``run_id``."""
     import numpy as np
     import pandas as pd
     import pyarrow as pa
@@ -67,6 +91,8 @@ def _scan(files: list[Path], schema: Any) -> Any:
         page_checksum_verification=True))
     table = ds.dataset([str(f) for f in files], schema=schema, format=fmt).to_table(
         use_threads=False)
+    if keys is not None:
+        table = table.add_column(0, "run_id", _run_ids(keys))
     frame = table_to_pandas([table])
     pa.default_memory_pool().release_unused()
     run_id = frame["run_id"]
@@ -94,8 +120,8 @@ def read_group(paths: Sequence[str | Path], columns: list[str] | None = None) ->
 
     try:
         files = [f for p in paths for f in parquet_files(p)]
-        schema, runs = _footers(files, columns)
-        frame = _scan(files, schema)
+        schema, runs, keys = _footers(files, columns)
+        frame = _scan(files, schema, keys)
         if frame is None:
             return None
         known = set(runs)

@@ -86,12 +86,48 @@ def check_unread_types(schema: pa.Schema, want: list[str] | None, source: str) -
             raise SchemaError(source, field.name, None, f"expected {kind}, got {field.type}")
 
 
+def null_columns(meta: pq.FileMetaData) -> set[str]:
+    """The non-required top-level columns of a Parquet file that hold only nulls, by its
+    footer's statistics (a column without statistics counts as holding values)."""
+    out: set[str] = set()
+    for j in range(meta.num_columns):
+        name = meta.schema.column(j).path.split(".")[0]
+        nulls = 0
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(j).statistics
+            if stats is None or not stats.has_null_count:
+                nulls = -1
+                break
+            nulls += stats.null_count
+        if nulls == meta.num_rows and name not in REQUIRED:
+            out.add(name)
+    return out
+
+
+def fleet_part_columns(path: Path, meta: pq.FileMetaData, want: list[str] | None
+                       ) -> tuple[str | None, list[str] | None]:
+    """For a part of a fleet in the current layout (no ``run_id`` column, in a ``run_id=``
+    directory; ``meta`` its footer): its run id and the columns to read, less the optional
+    ones the part pads with nulls (its run has none of them: they read as absent, as in the
+    run written). Other files: ``(None, want)``."""
+    from bubblecast.telemetry.fleet import run_id_of
+
+    names = meta.schema.names
+    run = run_id_of(path.parent) if "run_id" not in names else None
+    if run is None:
+        return None, want
+    padded = null_columns(meta)
+    return run, [c for c in (names if want is None else want) if c not in padded]
+
+
 def _read_one(path: Path, columns: list[str] | None = None) -> Events:
-    want = columns
+    want, run = columns, None
     try:
-        schema = pq.read_schema(path)
+        footer = pq.read_metadata(path)
+        schema = footer.schema.to_arrow_schema()
         want, strings = wanted_columns(schema, columns)
         check_unread_types(schema, want, str(path))
+        run, want = fleet_part_columns(path, footer, want)
         frame, meta = read_streaming(path, want, strings)
         if frame is None:
             box = [pq.read_table(path, columns=want, read_dictionary=strings,
@@ -109,6 +145,9 @@ def _read_one(path: Path, columns: list[str] | None = None) -> Events:
             raise _unreadable(path, again) from None
         meta = box[0].schema.metadata or {}
         frame = table_to_pandas(box)
+    if run is not None:  # the partition key holds the run id
+        frame.insert(0, "run_id", pd.Categorical.from_codes(np.zeros(len(frame), np.int8),
+                                                            categories=[run]))
     try:
         runs = decode_metadata(meta.get(METADATA_KEY))
     except (ValueError, TypeError, KeyError) as exc:
@@ -178,21 +217,34 @@ def write_events(events: Events, path: str | os.PathLike[str], *, validate: bool
     The checks that need no pass over the rows run first; the row checks then run while the
     file is written (a refused table leaves no file, and its error is the one raised).
     A ``path`` that is a directory (or ends with ``/``) is a fleet: each run is appended as
-    ``run_id=<id>/part-00000.parquet``, atomically (:mod:`bubblecast.telemetry.fleet`)."""
+    ``run_id=<id>/part-00000.parquet`` in the fleet's part layout, atomically
+    (:mod:`bubblecast.telemetry.fleet`)."""
     from bubblecast.telemetry import fleet
 
     if fleet.is_directory_target(path):
-        return fleet.append_runs(events, path, lambda one, part: write_events(
-            one, part, validate=validate))
+        return fleet.append_runs(events, path, lambda one, part: _write_file(
+            one, part, validate, fleet_part=True))
+    return _write_file(events, path, validate)
+
+
+def _write_file(events: Events, path: str | os.PathLike[str], validate: bool,
+                fleet_part: bool = False) -> Path:
+    """:func:`write_events` of one file; ``fleet_part``: a part being added to the fleet two
+    directories up (``FLEET/<temporary run directory>/part``), in the fleet's schema."""
+    from bubblecast.telemetry import fleet
+
     runs = dict(events.runs)
     frame = prepare_frame(events.frame, runs, str(path)) if validate else events.frame
     table = to_table(Events(frame, runs), str(path))
+    if fleet_part:
+        table = fleet.part_table(table, fleet.part_schema(Path(path).parent.parent), str(path))
     options = parquet_options(table)
     check = (lambda: check_rows(frame, runs, str(path))) if validate else None
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp, **options), alongside=check)
 
 
 __all__ = ["PLAIN_COLUMNS", "ROW_GROUP_ROWS", "WRITE_BATCH_ROWS", "RunMeta", "SchemaError",
-           "atomic_write", "atomic_write_text", "check_unread_types", "parquet_files",
+           "atomic_write", "atomic_write_text", "check_unread_types", "fleet_part_columns",
+           "null_columns", "parquet_files",
            "parquet_options", "process_start_time", "read_events", "remove_stale_temporaries",
            "to_table", "write_events"]
