@@ -122,11 +122,30 @@ def _group_features(units: list[Any], format: str, config: DatasetConfig, skip_b
     return frame, meta, Events.concat([e for e, _ in loaded]), skipped
 
 
+def part_columns(table: Any) -> Any:
+    """A features table as its parts hold it: no ``run_id`` (the ``run_id=<id>`` partition
+    key stores it once, so every reader opens the dataset) nor pandas' metadata listing it,
+    dictionary columns with ``int32`` indices (one type in every part, whatever a group's
+    category count)."""
+    import pyarrow as pa
+
+    dict32 = pa.dictionary(pa.int32(), pa.string())
+    table = table.drop_columns(["run_id"])  # and pandas' column list that names it (dask)
+    table = table.replace_schema_metadata({k: v for k, v in (table.schema.metadata or {}).items()
+                                           if k != b"pandas"})
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type) and f.type != dict32:
+            table = table.set_column(i, pa.field(f.name, dict32, f.nullable),
+                                     table.column(i).cast(dict32))
+    return table
+
+
 def _write_parts(frame: pd.DataFrame, meta: FeaturesMeta, hashes: Any, config: DatasetConfig,
                  tmp: str) -> None:
-    """One part per run under ``tmp`` (``run_id=<id>/part-00000.parquet``), the group
-    converted to Arrow once and sliced; dictionary encoding only for the string columns (the
-    writer's per-column dictionary set-up was most of a small part's write time)."""
+    """One part per run under ``tmp`` (``run_id=<id>/part-00000.parquet``, in the layout of
+    :func:`part_columns`), the group converted to Arrow once and sliced; dictionary encoding
+    only for the string columns (the writer's per-column dictionary set-up was most of a small
+    part's write time)."""
     import json
 
     import numpy as np
@@ -137,7 +156,7 @@ def _write_parts(frame: pd.DataFrame, meta: FeaturesMeta, hashes: Any, config: D
     from bubblecast.telemetry.fleet import PART_NAME, run_dir_name
     from bubblecast.telemetry.io import atomic_write
 
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = part_columns(pa.Table.from_pandas(frame, preserve_index=False))
     strings = [f.name for f in table.schema if pa.types.is_dictionary(f.type)
                or pa.types.is_string(f.type)]
     run_id = frame["run_id"].cat
@@ -241,4 +260,4 @@ def read_features_skipping(path: Any, skip_bad: bool = False) -> tuple[
 
 
 __all__ = ["GROUPS_PER_WORKER", "MOST_RUNS", "build_partitioned", "build_unit", "groups_of",
-           "read_features_skipping"]
+           "part_columns", "read_features_skipping"]

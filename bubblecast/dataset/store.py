@@ -22,8 +22,10 @@ from bubblecast.dataset.config import FEATURES_VERSION, DatasetConfig
 from bubblecast.errors import BubblecastError
 
 METADATA_KEY = b"bubblecast.features"
-#: In a features dataset partitioned by run (``DIR/run_id=<id>/part-00000.parquet``), the file
-#: holding the schema and the whole dataset's metadata (Parquet's dataset convention).
+#: Of a features dataset partitioned by run (``DIR/run_id=<id>/part-00000.parquet``), the file
+#: holding the schema and the whole dataset's metadata (Parquet's dataset convention). It lives
+#: in the folder beside the dataset, ``_DIR.sidecars/`` (only parts are inside ``DIR``, so every
+#: reader opens it); datasets written before that hold it as ``DIR/_common_metadata``.
 COMMON_METADATA = "_common_metadata"
 
 
@@ -94,13 +96,56 @@ def read_features_table(path: str | os.PathLike[str], columns: list[str] | None 
     """One features Parquet file (a single file or one part of a partitioned dataset) as an
     Arrow table, ``columns`` only when given, its page checksums verified (files written
     before they had checksums read as before); a :class:`BubblecastError` naming the file when
-    it is corrupt. The one way features files are read, whole or part by part."""
+    it is corrupt. A part that holds no ``run_id`` (its ``run_id=<id>`` directory does) gets
+    the column first, as a dictionary of that one id. The one way features files are read,
+    whole or part by part."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from bubblecast.telemetry.fleet import run_id_of
+
+    run = run_id_of(Path(path).parent)
     try:
+        if run is not None and "run_id" not in pq.read_schema(path).names:
+            want = None if columns is None else [c for c in columns if c != "run_id"]
+            table = pq.read_table(path, columns=want, page_checksum_verification=True)
+            if columns is not None and "run_id" not in columns:
+                return table
+            ids = pa.DictionaryArray.from_arrays(pa.array([0] * table.num_rows, pa.int32()),
+                                                 pa.array([run], pa.string()))
+            at = 0 if columns is None else columns.index("run_id")
+            return table.add_column(at, "run_id", ids)
         return pq.read_table(path, columns=columns, page_checksum_verification=True)
     except (OSError, ValueError) as exc:
         raise BubblecastError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def features_part_schema(path: str | os.PathLike[str]) -> Any:
+    """The Arrow schema of a features file or part as :func:`read_features_table` gives it
+    (a part's ``run_id``, held by its directory, first), from its footer alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bubblecast.telemetry.fleet import run_id_of
+
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, ValueError) as exc:
+        raise BubblecastError(f"{path}: not a readable Parquet file ({exc})") from None
+    if run_id_of(Path(path).parent) is not None and "run_id" not in schema.names:
+        schema = schema.insert(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
+    return schema
+
+
+def metadata_file(path: str | os.PathLike[str]) -> Path | None:
+    """The metadata file of a features dataset directory: in its sidecar folder, or inside it
+    for a dataset of the earlier layout; None when neither exists."""
+    from bubblecast.telemetry.fleet import sidecar_dir
+
+    for candidate in (sidecar_dir(path) / COMMON_METADATA, Path(path) / COMMON_METADATA):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
@@ -109,10 +154,14 @@ def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
 
     p = Path(path)
     if p.is_dir():  # a dataset partitioned by run: its metadata file
-        if not (p / COMMON_METADATA).is_file():
+        found = metadata_file(p)
+        if found is None:
+            from bubblecast.telemetry.fleet import sidecar_dir
+
             raise BubblecastError(f"{p}: not a bubblecast features dataset (no "
-                                  f"{COMMON_METADATA}; build one with `bubblecast dataset`)")
-        p = p / COMMON_METADATA
+                                  f"{sidecar_dir(p) / COMMON_METADATA}; build one with "
+                                  "`bubblecast dataset`)")
+        p = found
     elif not p.is_file():
         raise BubblecastError(f"{p}: no such features file")
     try:
@@ -177,7 +226,7 @@ def partition_tmp(out: str | os.PathLike[str]) -> Iterator[Path]:
     import tempfile
 
     target = Path(out)
-    if target.exists() and not (target / COMMON_METADATA).is_file() and (
+    if target.exists() and metadata_file(target) is None and (
             not target.is_dir() or any(target.iterdir())):
         raise BubblecastError(f"{target}: exists and is not a features dataset; refusing to "
                               "replace it")
@@ -189,28 +238,73 @@ def partition_tmp(out: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _one_schema(parts: list[Path]) -> Any:
+    """Give every part the schema of all of them (columns a part lacks as typed nulls, in one
+    order), rewriting only the parts that differ; that schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bubblecast.telemetry.io import atomic_write
+
+    schemas = {p: pq.read_schema(p) for p in parts}
+    unified = pa.unify_schemas([s.remove_metadata() for s in schemas.values()],
+                               promote_options="permissive")
+    for part, schema in schemas.items():
+        if schema.remove_metadata().equals(unified):
+            continue
+        table = pq.read_table(part)
+        columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                   else pa.nulls(table.num_rows, f.type) for f in unified]
+        table = pa.Table.from_arrays(columns, schema=unified.with_metadata(schema.metadata))
+        atomic_write(part, lambda tmp, t=table: pq.write_table(
+            t, tmp, compression="lz4", write_page_checksum=True))
+    return unified
+
+
 def finish_partitioned(tmp: Path, out: str | os.PathLike[str], meta: FeaturesMeta) -> Path:
-    """Write the dataset's metadata file into ``tmp`` and put ``tmp`` in place of ``out``
-    (an earlier dataset there is replaced only once the new one is complete)."""
+    """Give the parts in ``tmp`` one schema, write the dataset's metadata file into the
+    sidecar folder beside ``out`` and put both in place (an earlier dataset there is replaced
+    only once the new one is complete; its data directory first, then its sidecar folder)."""
     import shutil
+    import tempfile
 
     import pyarrow.parquet as pq
 
-    from bubblecast.telemetry.fleet import fleet_runs
+    from bubblecast.telemetry.fleet import fleet_runs, sidecar_dir
 
     parts = [f for d in fleet_runs(tmp).values() for f in sorted(d.glob("*.parquet"))]
     if not parts:
         raise BubblecastError(f"{out}: no run gave any features rows")
-    schema = pq.read_schema(parts[0])
+    schema = _one_schema(parts)
     raw = json.dumps(meta.to_json(), sort_keys=True).encode()
-    schema = schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: raw})
-    pq.write_metadata(schema, tmp / COMMON_METADATA)
-    target = Path(out)
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.rename(target, old)
-    os.rename(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    target, side = Path(out), sidecar_dir(out)
+    side_tmp = Path(tempfile.mkdtemp(prefix=f".{side.name}.", dir=target.parent))
+    try:
+        pq.write_metadata(schema.with_metadata({METADATA_KEY: raw}), side_tmp / COMMON_METADATA)
+        mode = 0o777 & ~_umask()
+        os.chmod(tmp, mode)
+        os.chmod(side_tmp, mode)
+        old = [_move_aside(target), _move_aside(side)]
+        os.rename(tmp, target)
+        os.rename(side_tmp, side)
+    finally:
+        shutil.rmtree(side_tmp, ignore_errors=True)
+    for gone in old:
+        if gone is not None:
+            shutil.rmtree(gone, ignore_errors=True)
     return target
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename an existing ``path`` to a hidden name beside it (to be removed); None if absent."""
+    if not path.exists():
+        return None
+    old = path.with_name(f".{path.name}.old.{os.getpid()}")
+    os.rename(path, old)
+    return old
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
