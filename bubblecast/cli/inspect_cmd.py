@@ -9,7 +9,7 @@ their metadata records an earlier import's fixes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -23,15 +23,7 @@ from bubblecast.cli.fleet_options import (
 )
 
 if TYPE_CHECKING:
-    from bubblecast.telemetry.events import Events
-
-
-def _input_fixes(events: Events, summary: dict[str, Any]) -> dict[str, int]:
-    """The summarised run's ``input_fixes`` from its metadata (``{}``: none recorded)."""
-    from bubblecast.telemetry.importers.fixes import input_fixes
-
-    meta = events.runs.get(str(summary.get("run_id")))
-    return input_fixes(meta.extra) if meta is not None else {}
+    pass
 
 
 @app.command()
@@ -63,9 +55,6 @@ def inspect(
     else:
         analysis, skipped = local_analysis(file, format, run, skip_bad_runs)
         summary = skipped_into(analysis.summary(), skipped)
-        fixes = _input_fixes(analysis.events, summary)
-        if fixes:
-            summary.setdefault("input_fixes", fixes)
         if plot is not None:
             analysis.plot(plot, steps=chosen)
         if perfetto is not None:

@@ -186,7 +186,8 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
                       param_bytes: float = 0.0, memory_cap: float | None = None,
                       layers_per_stage: int = 8, format: str = "auto",
                       run_ids: Sequence[str] | None = None,
-                      cost_model: Any | None = None) -> PolicyEvaluation:
+                      cost_model: Any | None = None, metrics: pd.DataFrame | None = None,
+                      fallback: str | None = None) -> PolicyEvaluation:
     """Replay ``runs`` step by step under each policy (``bubblecast policy-eval``).
 
     ``forecaster``: the predictive policy's model (a model directory, a ``models:/`` URI or a
@@ -195,13 +196,19 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
     :class:`~bubblecast.policy.cost.MigrationConstants`; None = fitted to what each run
     records, else built-in constants); ``cost_model``: the balance policy's learned cost model
     (a model directory, a ``models:/`` URI or a loaded one; None = fitted online to each run);
-    ``forecaster`` also gives balance its replica speeds; the rest as the command's options.
+    ``forecaster`` also gives balance its replica speeds; ``metrics``: the runs' device
+    metrics, for a forecaster trained with covariates (default: the ``.metrics`` files beside
+    ``runs`` when they are paths); ``fallback``: ``"trend"`` forecasts the runs the model
+    cannot with the built-in trend forecaster (the result's ``fallback`` says which and why),
+    None refuses them in one line naming the missing input; the rest as the command's options.
     """
     from bubblecast.policy.cost import MigrationConstants
     from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
     from bubblecast.telemetry.importers import timing_of
 
     names, params = _policies(policies)
+    if not isinstance(runs, (Events, str, os.PathLike)):
+        runs = list(runs)  # read twice: events, then device metrics
     events = load_runs(runs, format)
     missing = [r for r in run_ids or () if r not in events.run_ids]
     if missing:
@@ -215,7 +222,7 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
                         migration_from_runs=migration is None, policy_params=params,
                         cost_model=os.fspath(cost_model) if isinstance(cost_model, os.PathLike)
-                        else cost_model)
+                        else cost_model, fallback=fallback)
     model = forecaster
     uses = {"predictive", "balance"} & set(names)
     if isinstance(forecaster, (str, os.PathLike)) and uses:
@@ -224,6 +231,14 @@ def evaluate_policies(runs: Events | str | os.PathLike[str] | Iterable[str | os.
         model = load_model(forecaster)
     elif not uses:
         model = None
+    if model is not None and metrics is None and not isinstance(runs, Events):
+        import pandas as pd
+
+        from bubblecast.telemetry.metrics import read_metrics
+
+        paths = [runs] if isinstance(runs, (str, os.PathLike)) else runs
+        metrics = pd.concat([read_metrics(p) for p in paths], ignore_index=True)
     result, traces = evaluate_events(events, names, config, model,
-                                     run_ids=list(run_ids) if run_ids else None)
+                                     run_ids=list(run_ids) if run_ids else None,
+                                     metrics=metrics)
     return PolicyEvaluation({**result, "timing": timing_of(events)}, names, traces)

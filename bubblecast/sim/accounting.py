@@ -20,6 +20,7 @@ from bubblecast.sim.replay_graph import lane_order
 from bubblecast.sim.slow_ranks import detect_slow_ranks
 from bubblecast.sim.steptime import observed_step_times, op_times
 from bubblecast.telemetry.events import Events
+from bubblecast.telemetry.importers.fixes import input_fixes
 from bubblecast.telemetry.schema import COMPUTE_OPS
 
 
@@ -217,6 +218,9 @@ def inspect_summary(events: Events, run_id: str | None = None) -> dict[str, Any]
         "timing": str(meta.extra.get("timing", "host")),
         "granularity": "op",
     }
+    fixes = input_fixes(meta.extra)
+    if fixes:  # a run imported from an external format: what its importer normalised
+        out["input_fixes"] = fixes
     if note:
         out["structural_error"] = note
     return out
