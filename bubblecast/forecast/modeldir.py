@@ -137,6 +137,18 @@ def verify_files(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None
                                   f"sha256 in {MODEL_FILE})")
 
 
+def record_coverage(directory: str | os.PathLike[str], coverage: dict[str, Any]) -> None:
+    """Set ``model.json``'s ``coverage`` field: the model's p10-p90 coverage on held-out runs
+    of new seeds, with how it was measured. Rewrites ``model.json`` atomically; the native
+    files (and so their ``sha256``) are untouched."""
+    from bubblecast.telemetry.io import atomic_write_text
+
+    path = Path(directory) / MODEL_FILE
+    doc = json.loads(path.read_text())
+    doc["coverage"] = coverage
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True, default=float))
+
+
 def read_model_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed ``model.json`` of a model directory, checked; one-line errors otherwise."""
     d = Path(directory)
