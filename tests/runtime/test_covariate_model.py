@@ -132,3 +132,42 @@ def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str
                                                      values="value")
     np.testing.assert_array_equal(t.to_numpy(), temps[:120])  # window rows = steps 0..119
     assert got[got["metric"] == "temperature_slowdown_c"]["value"].tolist() == [85.0, 85.0]
+
+
+def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, Any]) -> None:
+    """A forecast rise on a rank still below its slowdown temperature is announced (the guard
+    cannot score a change not yet seen); at the slowdown temperature it is not."""
+    from bubblecast.runtime.control.control_config import ControllerConfig
+    from bubblecast.runtime.control.decide import LEARNED_RISE, Decider
+    from bubblecast.runtime.control.observe import pack
+    from bubblecast.runtime.plan import check_plan
+
+    every, layers = 10, 8
+    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
+                              timeout_s=30.0)
+    plan = check_plan("1f1b", 2, 4, layers)
+    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
+
+    def decided(last_temp: float) -> dict[str, Any]:
+        decider = Decider(config, plan, np.full(layers, 1e3))
+        model = decider.forecaster.inner.model  # type: ignore[union-attr]
+
+        def rising(window: Window, hz: list[int]) -> np.ndarray:
+            q = np.ones((2, len(hz), 3))
+            q[1, -1] = 1.0 + 3 * LEARNED_RISE  # rank 1 forecast to slow down
+            return q
+
+        model.predict_window = rising
+        for b in range(10):
+            steps = list(range(b * every, (b + 1) * every))
+            t1 = np.full(every, 75.0 if b < 9 else last_temp)
+            t0 = np.full(every, 70.0)
+            rows = np.stack([pack([1.0] * every, every, samples, layers, t0, 85.0),
+                             pack([1.0] * every, every, samples, layers, t1, 85.0)])
+            decider.observe(rows, [(s, plan.partition, 4) for s in steps])
+        return decider.decide(plan, 99, None)[1]
+
+    hot = decided(80.0)
+    assert hot["learned_lead"] == {"1": pytest.approx(1.0 + 3 * LEARNED_RISE)}
+    assert "learned lead" in hot["reason"]
+    assert "learned_lead" not in decided(85.0)  # throttling: the speeds tell now

@@ -9,6 +9,12 @@ cost) and asks, depending on the configuration:
 - or an *external decider* (``bubblecast run --service``: a prediction service), injected by
   import path so that runtime never imports serve (:class:`ExternalDecider`).
 
+A trained model that reads device-metric covariates (:mod:`.covariate_model`) is the *learned
+lead*: while it forecasts a rank's slowdown that has not begun (the rank is below the slowdown
+temperature it reports), the decision is taken as with the thermal lead of :mod:`.lead`, the
+forecast guard's error check off and move timing on, since the guard's record cannot score a
+change not yet seen; otherwise the policy decides as with any model.
+
 Either way the answer is the policy's :class:`~bubblecast.policy.decision.Decision`, recorded
 as it is. A forecaster that is slow, down or raises yields a decision to keep the plan saying
 why: training goes on under the current plan.
@@ -45,6 +51,9 @@ from bubblecast.runtime.control.observe import (
     window_speed,
 )
 
+#: The forecast rise (farthest horizon over nearest) at which a covariate model announces a
+#: rank's slowdown (:meth:`Decider._learned_lead`).
+LEARNED_RISE = 0.1
 #: Predictive-policy knobs an external decider is sent.
 SERVICE_PARAMS = ("horizon", "risk", "margin", "min_gain", "hold", "min_history")
 Pending = list[tuple[int, tuple[int, ...], int]]  # (step, partition, micro-batches) per step
@@ -92,6 +101,7 @@ class Decider:
         self._raw: np.ndarray | None = None
         self._temps: dict[int, np.ndarray] = {}  # step -> the ranks' temperatures
         self._slowdown: np.ndarray | None = None  # the ranks' slowdown temperatures
+        self._learned_onset: int | None = None  # first step a covariate model announced one
         self.lead = None
         if c.policy == "predictive" and c.thermal_lead:
             from bubblecast.runtime.control.lead import ThermalLead
@@ -237,8 +247,10 @@ class Decider:
                 if self.lead.unknown:
                     facts["lead_unknown"] = sorted(self.lead.unknown)
             if leading:
-                state = self._lead_state(state)
+                state = self._lead_state(state, min(self.lead.onset.values(), default=None))
             decision = self._decide_leading(state) if leading else self.policy.decide(state)
+        elif isinstance(inner, ModelSpeeds) and isinstance(inner.model, CovariateModel):
+            decision = self._ask_learned(inner, state, facts)
         else:
             decision = self.runner(self.policy.decide, state)
         if self.forecaster.last is not None:
@@ -251,16 +263,49 @@ class Decider:
             facts["guard"] = report()
         return decision, facts
 
-    def _lead_state(self, state: Any) -> Any:
-        """``state`` with no last move when that move came before the lead's onset: the
+    def _ask_learned(self, inner: ModelSpeeds, state: Any, facts: dict[str, Any]) -> Decision:
+        """The decision with a covariate model: while it announces a slowdown
+        (:meth:`_learned_lead`), as with the thermal lead (:meth:`_decide_leading`), else the
+        policy's own, forecast guard included."""
+        announced = self._learned_lead(inner)
+        if not announced:
+            self._learned_onset = None
+            return self.runner(self.policy.decide, state)
+        if self._learned_onset is None:
+            self._learned_onset = int(self.history.steps[-1])
+        facts["learned_lead"] = {str(r): round(x, 3) for r, x in announced.items()}
+        return self.runner(self._decide_leading, self._lead_state(state, self._learned_onset),
+                           "learned lead")
+
+    def _learned_lead(self, inner: ModelSpeeds) -> dict[int, float]:
+        """Ranks whose slowdown the covariate model announces, and the rise it forecasts: its
+        median delay at its farthest horizon over that at its nearest, at least
+        ``1 + LEARNED_RISE``, on a rank whose temperature is still below the slowdown
+        temperature it reports. A lead is a forecast of a throttle not yet begun: once the
+        device holds its slowdown temperature (or on a rank that reports neither), the speeds
+        show what happens and the forecast guard judges the model as any forecast."""
+        if self._slowdown is None or not self._temps:
+            return {}
+        now = self._temps[max(self._temps)]
+        below = np.isfinite(now) & np.isfinite(self._slowdown) & (now < self._slowdown - 0.5)
+        if not below.any():
+            return {}
+        model = inner.model
+        hz = sorted(int(h) for h in model.horizons)
+        q = model.predict_window(inner.window, hz)  # (P, H, 3) delay quantiles
+        rise = q[:, -1, 1] / np.maximum(q[:, 0, 1], 1e-300)
+        return {r: float(x) for r, x in enumerate(rise)
+                if r < len(below) and below[r] and x >= 1 + LEARNED_RISE}
+
+    def _lead_state(self, state: Any, onset: int | None) -> Any:
+        """``state`` with no last move when that move came before the lead's ``onset``: the
         hold after it stops a second reaction to the same noise, not a newly announced fault."""
-        if state.last_action is None or self.lead is None or not self.lead.onset:
+        if state.last_action is None or onset is None:
             return state
-        onset = min(self.lead.onset.values())
         moved = int(self.history.steps[-1]) - (state.t - state.last_action)
         return replace(state, last_action=None) if moved < onset else state
 
-    def _decide_leading(self, state: Any) -> Decision:
+    def _decide_leading(self, state: Any, what: str = "thermal lead") -> Decision:
         """The policy's decision with the forecast guard's error check and its persistence
         test off, and with move timing on: a throttle the temperature announces has not shown
         in the speeds the guard scores forecasts on, nor lasted any steps yet (a thermal
@@ -282,7 +327,7 @@ class Decider:
         finally:
             for obj, k, v in saved:
                 setattr(obj, k, v)
-        return replace(decision, reason=f"thermal lead: {decision.reason}") \
+        return replace(decision, reason=f"{what}: {decision.reason}") \
             if decision.reason else decision
 
     def _window(self, state: Any) -> Any:
