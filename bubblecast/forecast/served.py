@@ -261,8 +261,14 @@ class FeatureModel:
         rng = np.random.default_rng(0)
         compute = 1.0 + 0.05 * rng.random((t, p))
         window = Window(compute=compute, cost=np.ones((t, p)), microbatches=4)
+        model: Any = self
+        probe = self._covariate_probe(t, p)
+        if probe is not None:  # a model trained with covariates: synthetic device metrics
+            from bubblecast.dataset.online_frame import WithCovariates
+
+            model = WithCovariates(self, probe[0], list(range(p)), meta=probe[1])
         try:
-            q = self.predict_window(window, list(self.horizons))
+            q = model.predict_window(window, list(self.horizons))
         except BubblecastError:
             raise
         except Exception as exc:
@@ -272,6 +278,36 @@ class FeatureModel:
             raise BubblecastError(f"model: forecast of a test window has shape {q.shape} or "
                                   "non-finite values")
         return self
+
+    def _covariate_probe(self, t: int, p: int) -> tuple[Any, Any] | None:
+        """Synthetic device metrics (rows for ranks ``0..p-1`` over ``t`` steps and the
+        horizons) and run metadata (a calendar) for the covariates the forecaster reads; None
+        when it reads none."""
+        import pandas as pd
+
+        from bubblecast.dataset.covariates import covariate_columns, covariate_input
+        from bubblecast.dataset.online_frame import model_columns
+
+        reads = covariate_columns(sorted(model_columns(self.forecaster)))
+        sources = sorted({str(covariate_input(c)) for c in reads})
+        if not sources:
+            return None
+        metrics = [m for m in sources if not m.startswith("calendar:")]
+        kinds = [m.split(":", 1)[1] for m in sources if m.startswith("calendar:")]
+        steps = np.arange(t + max(self.horizons), dtype=np.int64)
+        n = len(steps) * p
+        frame = pd.concat([pd.DataFrame({"step": np.tile(steps, p),
+                                         "rank": np.repeat(np.arange(p), len(steps)),
+                                         "metric": m, "value": 1.0 + 0.01 * np.arange(n)})
+                           for m in metrics] or [pd.DataFrame(
+                               {"step": [], "rank": [], "metric": [], "value": []})],
+                          ignore_index=True)
+        meta = None
+        if kinds:
+            from types import SimpleNamespace
+
+            meta = SimpleNamespace(extra={"calendar": {f"{k}_every": 10 for k in kinds}})
+        return frame, meta
 
 
 def serve_forecaster(obj: Any, fast: bool = True) -> FeatureModel:
