@@ -159,7 +159,8 @@ def read_features_meta(path: str | os.PathLike[str]) -> FeaturesMeta:
             from bubblecast.telemetry.fleet import sidecar_dir
 
             raise BubblecastError(f"{p}: not a bubblecast features dataset (no "
-                                  f"{sidecar_dir(p) / COMMON_METADATA}; build one with "
+                                  f"{sidecar_dir(p) / COMMON_METADATA} beside it: copy or move "
+                                  "a dataset with its sidecar folder, or build one with "
                                   "`bubblecast dataset`)")
         p = found
     elif not p.is_file():
