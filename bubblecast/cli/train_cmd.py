@@ -76,6 +76,8 @@ def train(
                              register=register, alias=alias, progress=note, cluster=cluster,
                              skip_bad=skip_bad_runs)
     note_skipped(result.get("skipped_runs", []))
+    if result.get("holdout_note") and holdout > 0:
+        typer.echo(f"warning: {result['holdout_note']}", err=True)
     if out is None:
         result.pop("out", None)
     if json_out:

@@ -6,6 +6,7 @@ The held-out runs (``holdout`` share, whole runs) are never seen by the model; t
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -70,7 +71,8 @@ def train_model(features: str | os.PathLike[str], kind: str, out: str | os.PathL
     model.fit(fit_frame)
     evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     fit = {"fit_rows": len(fit_frame), "fit_runs": int(fit_frame["run_id"].nunique()),
-           "rows": len(frame), "runs": runs, "sample": fit_frame.head(5)}
+           "rows": len(frame), "runs": runs, "sample": fit_frame.head(5),
+           "holdout_note": _holdout_note(kind, runs, holdout, test_frame)}
     result = _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
                      holdout, seed, track, tracking_uri, register, alias, note)
     if skip_bad:
@@ -96,6 +98,23 @@ def _split(frame: Any, kind: str, holdout: float, seed: int, features: Any
     return fit, test
 
 
+def _holdout_note(kind: str, runs: int, holdout: float, test_frame: Any) -> str | None:
+    """Why no run was held out (None when some were): ``train`` reports it on stderr and as
+    ``holdout_note`` in its JSON, beside the empty ``metrics``."""
+    if test_frame is not None:
+        return None
+    if holdout <= 0:
+        return "no run held out (--holdout 0): no held-out metrics"
+    need = MIN_RUNS.get(kind, 1)
+    return (f"no run held out: --holdout {holdout:g} of {runs} runs rounds to none "
+            f"({kind} fits on at least {need}), so there are no held-out metrics; give more "
+            f"runs or a larger --holdout (one run in {runs}: --holdout "
+            f"{math.ceil(100 / runs) / 100:.2f})"
+            if runs > need else
+            f"no run held out: {kind} needs all {runs} runs to fit ({need} at least), so "
+            f"there are no held-out metrics; give at least {need + 1} runs")
+
+
 def _train_seq_streamed(features: Any, out: Any, params: dict[str, Any] | None,
                         holdout: float, seed: int, track: bool, tracking_uri: str | None,
                         register: str | None, alias: str | None,
@@ -119,7 +138,8 @@ def _train_seq_streamed(features: Any, out: Any, params: dict[str, Any] | None,
     evaluation, preds, metrics = _score_holdout(model, "seq", test_frame, seed, note)
     sample = read_runs(scan, fit_runs["run_id"].head(1).tolist()).head(5)
     fit = {"fit_rows": int(fit_runs["rows"].sum()), "fit_runs": len(fit_runs),
-           "rows": int(runs["rows"].sum()), "runs": len(runs), "sample": sample}
+           "rows": int(runs["rows"].sum()), "runs": len(runs), "sample": sample,
+           "holdout_note": _holdout_note("seq", len(runs), holdout, test_frame)}
     result = _finish(model, features, out, scan.meta, test_frame, evaluation, preds, metrics,
                      fit, holdout, seed, track, tracking_uri, register, alias, note)
     if skip_bad:
@@ -156,6 +176,8 @@ def _finish(model: Any, features: Any, out: Any, meta: Any, test_frame: Any, eva
                               "runs": fit["fit_runs"],
                               "horizons": list(model.horizons_), "metrics": metrics,
                               "fingerprint": meta.fingerprint}
+    if fit.get("holdout_note"):
+        result["holdout_note"] = fit["holdout_note"]
     if track:
         note("logging to MLflow")
         result.update(_log_training(model, out, fit, test_frame, evaluation, preds, meta,
@@ -181,6 +203,7 @@ def _train_on_cluster(features: Any, kind: str, out: Any, params: dict[str, Any]
     model = make_model(kind, **(params or {}))
     note(f"fitting {kind} on Dask ({cluster})")
     model, test_frame, fit = train_dask(Path(features), model, meta, holdout, seed, cluster)
+    fit["holdout_note"] = _holdout_note(kind, int(fit["runs"]), holdout, test_frame)
     evaluation, preds, metrics = _score_holdout(model, kind, test_frame, seed, note)
     return _finish(model, features, out, meta, test_frame, evaluation, preds, metrics, fit,
                    holdout, seed, track, tracking_uri, register, alias, note)
