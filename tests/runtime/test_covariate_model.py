@@ -15,7 +15,6 @@ from bubblecast.cli import main
 from bubblecast.dataset.config import DatasetConfig
 from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
-from bubblecast.policy.speeds import ForecastUnavailable
 from bubblecast.runtime.control.covariate_model import (
     GATHERED,
     CovariateModel,
@@ -89,13 +88,18 @@ def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
                                        equal_nan=True, err_msg=f"{col} at step {origin}")
 
 
-def test_no_device_metrics_is_said_not_guessed(trained: dict[str, Any]) -> None:
+def test_a_metric_no_rank_reports_is_nan_and_named(trained: dict[str, Any]) -> None:
+    """As the dataset gives a rank without the metric: the model was trained on such rows."""
     served = load_with_covariates(trained["model"])
-    with pytest.raises(ForecastUnavailable, match="reads device metrics"):
-        served.predict_window(_window(100), [1])
-    served.device = device_frame(np.full((100, 2), np.nan), np.array([85.0, 85.0]))
-    with pytest.raises(ForecastUnavailable, match="'temperature_c'"):
-        served.predict_window(_window(100), [1])
+    seen: list[pd.DataFrame] = []
+    inner = served.forecaster.predict_signal
+    served.forecaster.predict_signal = lambda rows, hz: seen.append(rows) or inner(rows, hz)
+    q = served.predict_window(_window(100), [1])
+    assert np.isfinite(q).all() and served.missing == ["temperature_c"]
+    assert seen[-1][served.covariates].isna().all().all()
+    served.device = device_frame(np.full((100, 2), 80.0), np.array([85.0, 85.0]))
+    served.predict_window(_window(100), [5])
+    assert served.missing == [] and (seen[-1]["f_cov_temperature_c"] == 80.0).all()
 
 
 def test_a_model_reading_an_ungathered_metric_is_refused_at_load() -> None:

@@ -5,16 +5,18 @@ series, covariate columns computed from the ``device_metrics`` side table (``f_c
 :mod:`bubblecast.dataset.covariates`). The controller has those metrics too: every rank's
 temperature per step and its slowdown temperature travel with the gathered compute
 (:mod:`.observe`). :class:`CovariateModel` answers the served-model protocol
-(:class:`bubblecast.forecast.served.ForecastModel`: ``predict_window``) for such a model
-through the service's own path (:class:`bubblecast.dataset.online_frame.WithCovariates`): the
-step-series features of the window from the served model's builder
+(:class:`bubblecast.forecast.served.ForecastModel`: ``predict_window``) for such a model as
+the service's :class:`bubblecast.dataset.online_frame.WithCovariates` does: the step-series
+features of the window from the served model's builder
 (:meth:`bubblecast.forecast.served.FeatureModel.origin_rows`), the covariates at the origin
 from the dataset's own code (:func:`bubblecast.dataset.covariates.origin_covariates`), so
 both equal what the model was trained on for the same telemetry. Set :attr:`device` (device
 metric rows with the window's step numbering, rank = stage: :func:`device_frame`) before each
-forecast. A covariate
-the metrics cannot give raises :class:`~bubblecast.policy.speeds.ForecastUnavailable` naming the
-device metric: the decision keeps the plan and says why.
+forecast. Unlike a request to the service, a live run may lack a metric on every rank (a
+plain slowdown, a CPU without sensors): a metric no rank reports gives NaN covariates, as the
+dataset gives a rank without it (the model was trained on such rows: a thermal fault's healthy
+peers report no temperature); :attr:`CovariateModel.missing` names it and the decision records
+it.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import numpy as np
 import pandas as pd
 
 from bubblecast.dataset.window import Window
-from bubblecast.policy.speeds import ForecastUnavailable
 
 #: Device metrics the controller gathers from every rank (the others never reach rank 0).
 GATHERED = ("temperature_c", "temperature_slowdown_c")
+#: Steps of the window the model's features are built from (at least twice its history).
+KEEP = 128
 
 
 def covariate_columns_of(forecaster: Any) -> list[str]:
@@ -66,25 +69,50 @@ class CovariateModel:
                                   f"gather (it gathers {', '.join(GATHERED)})")
         #: device-metric rows in the window's step numbering (:func:`device_frame`)
         self.device: pd.DataFrame | None = None
+        #: device metrics the model reads that no rank reported at the last forecast: their
+        #: covariates were NaN, as the dataset's for a rank without the metric
+        self.missing: list[str] = []
+        self._memo: tuple[Any, np.ndarray] | None = None
 
     def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
-        """``(stages, H, 3)`` quantiles of the delay signal at the window's last step."""
-        from bubblecast.dataset.covariates import missing_inputs
-        from bubblecast.dataset.online_frame import WithCovariates
+        """``(stages, H, 3)`` quantiles of the delay signal at the window's last step, from its
+        last :data:`KEEP` steps (the longest feature window and lags fit well inside)."""
+        from bubblecast.dataset.covariates import missing_inputs, origin_covariates
 
-        device = self.device
-        if device is None or device.empty:
-            raise ForecastUnavailable(f"model '{self.name}' reads device metrics "
-                                      f"({', '.join(self.covariates[:2])}...); no rank "
-                                      "reported any")
-        seen = device[device["step"] <= window.steps - 1]
-        lacking = missing_inputs(self.covariates, seen)
-        if lacking:
-            first = sorted(lacking)[0]
-            raise ForecastUnavailable(f"model '{self.name}' reads device metric '{first}' "
-                                      f"({lacking[first][0]}); no rank reported it")
-        fed = WithCovariates(self.base, seen, list(range(window.stages)))
-        return fed.predict_window(window, horizons)
+        hz = [int(h) for h in horizons]
+        cut = max(0, window.steps - max(KEEP, 2 * self.min_window))
+        device = self.device if self.device is not None else device_frame(
+            np.full((0, window.stages), np.nan), None)
+        seen = device[(device["step"] >= cut) & (device["step"] <= window.steps - 1)]
+        seen = seen.assign(step=seen["step"] - cut)
+        key = (window.steps, cut, tuple(hz), len(seen), float(seen["value"].sum()),
+               float(np.nansum(window.compute[cut:])))
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1].copy()
+        if cut:
+            window = window_tail(window, cut)
+        self.missing = sorted(missing_inputs(self.covariates, seen))
+        rows = self.base.origin_rows(window, hz)
+        cov = origin_covariates(seen, np.arange(window.stages), window.steps - 1, self.config)
+        nan = np.full(len(rows), np.nan, dtype=np.float32)
+        extra = pd.DataFrame({c: np.asarray(cov.get(c, nan), dtype=np.float32)
+                              for c in self.covariates}, index=rows.index)
+        rows = pd.concat([rows.drop(columns=self.covariates, errors="ignore"), extra], axis=1)
+        preds = self.forecaster.predict_signal(rows, hz)
+        out = np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
+        self._memo = (key, out)
+        return out.copy()
+
+
+def window_tail(window: Window, start: int) -> Window:
+    """``window`` from row ``start`` on."""
+    from dataclasses import replace
+
+    def cut(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[start:]
+
+    return replace(window, compute=window.compute[start:], cost=window.cost[start:],
+                   tokens=cut(window.tokens), layers=cut(window.layers))
 
 
 def device_frame(temps: np.ndarray, slowdown: np.ndarray | None) -> pd.DataFrame:

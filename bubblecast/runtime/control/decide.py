@@ -251,6 +251,8 @@ class Decider:
             decision = self._decide_leading(state) if leading else self.policy.decide(state)
         elif isinstance(inner, ModelSpeeds) and isinstance(inner.model, CovariateModel):
             decision = self._ask_learned(inner, state, facts)
+            if inner.model.missing:  # their covariates were NaN (covariate_model docstring)
+                facts["device_metrics_missing"] = inner.model.missing
         else:
             decision = self.runner(self.policy.decide, state)
         if self.forecaster.last is not None:
