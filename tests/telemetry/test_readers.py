@@ -269,3 +269,27 @@ def test_a_run_lacking_a_fleet_extra_column_gets_typed_nulls(tmp_path, outputs):
     back = read_events(fleet).frame
     assert back.groupby("run_id", observed=True)["my_extra"].apply(
         lambda s: bool(s.isna().all())).tolist() == [False, True]
+
+
+@pytest.fixture(scope="module")
+def quoted(outputs, tmp_path_factory) -> dict[str, Path]:
+    """Runs whose ids need URL-quoting as directory names, with a ``host`` string column,
+    as one file and as a fleet (the pandas writer)."""
+    from bubblecast.telemetry.events import Events
+
+    root = tmp_path_factory.mktemp("quoted")
+    events = read_events(outputs["one"])
+    names = dict(zip(sorted(events.runs), ["a b/c", "x%y", "é-1", "run=4"], strict=True))
+    frame = events.frame.assign(
+        run_id=events.frame["run_id"].astype(str).map(names).astype("category"),
+        host=events.frame["rank"].map(lambda r: f"node{r // 2}").astype("category"))
+    quoted = Events(frame, {names[k]: v for k, v in events.runs.items()})
+    write_events(quoted, root / "one.parquet")
+    write_events(quoted, str(root / "fleet") + "/")
+    return {"one": root / "one.parquet", "fleet": root / "fleet"}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_decodes_quoted_run_ids(quoted, reader):
+    assert sorted(fleet_runs(quoted["fleet"])) == ["a b/c", "run=4", "x%y", "é-1"]
+    assert_same_data(reader, quoted["one"], quoted["fleet"], KEYS, set(OPTIONAL))
