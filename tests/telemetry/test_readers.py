@@ -289,6 +289,27 @@ def quoted(outputs, tmp_path_factory) -> dict[str, Path]:
     return {"one": root / "one.parquet", "fleet": root / "fleet"}
 
 
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory) -> dict[str, Path]:
+    """Packed-document runs (``tokens``, ``tokens_sq``, ``documents`` filled) as one file and
+    as a fleet written a run at a time."""
+    from bubblecast.sim.simulator import SimConfig, simulate_fleet, write_simulation
+
+    root = tmp_path_factory.mktemp("documents")
+    config = SimConfig(schedule="1f1b", stages=2, microbatches=4, steps=6, runs=2, replicas=2,
+                       documents="lognormal", seed=4)
+    write_simulation(config, str(root / "one.parquet"))
+    simulate_fleet(config, str(root / "fleet") + "/")
+    return {"one": root / "one.parquet", "fleet": root / "fleet"}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_opens_a_fleet_of_packed_document_runs(documents, reader):
+    part = next(documents["fleet"].rglob("*.parquet"))
+    assert pq.read_table(part, columns=["tokens_sq"]).column(0).null_count == 0
+    assert_same_data(reader, documents["one"], documents["fleet"], KEYS, set(OPTIONAL))
+
+
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_every_reader_decodes_quoted_run_ids(quoted, reader):
     assert sorted(fleet_runs(quoted["fleet"])) == ["a b/c", "run=4", "x%y", "é-1"]
