@@ -29,10 +29,26 @@ its controller to the one without (interleaved, same load), and each rank's seco
 controller (median phases per boundary) over the step time.
 
     python benchmarks/bench_live.py [--quick] [--every 10] [--sequential] [--lead 30]
+    python benchmarks/bench_live.py --learned [--quick] [--runs 3] [--work DIR]
 
 ``--lead L``: the emulated device heats up L steps before the slowdown (``--inject ...,lead=L``;
 its temperature is recorded as a device metric and read by the predictive policy's
 :mod:`bubblecast.runtime.control.lead`); without it the plain ramp has no leading signal.
+
+``--learned``: the learned lead (issue 23). Training: ``bubblecast collect`` runs of the same
+pipeline with thermal faults (:data:`TRAIN_FAULTS`), their device metrics cut to those the
+controller gathers (temperature, slowdown temperature), ``bubblecast dataset --covariates
+auto`` and ``bubblecast train --model lgbm``. Test: ``--runs`` repetitions (default 3) of two
+interleaved launches with the predictive policy on that model (``--model``): the held-out
+thermal fault (rank 1, factor 2.0, ramp 60, lead 30: no lead, ramp or factor of it was
+trained on; both ranks were) and the plain ramp (no temperatures). Goals on plain means over
+the repetitions: predictive's first move answering the fault at least 10 steps before
+reactive's in 2 of 3 runs and never after; predictive ahead of reactive in every run and by
+2% on the mean; at least 0.9 of the scripted run's gain over static on the mean and 0.85 in
+every run; on the plain ramp, within 1% of reactive. ``--work DIR`` keeps (and reuses) the
+training runs and the model. Writes benchmarks/results/live-learned.json (``--quick``:
+live-learned-quick.json: 4 training runs, one repetition, 200 steps) and its PNG (the first
+repetition's thermal launch).
 
 Prints a table, writes benchmarks/results/live.json and live.png (``--quick``: live-quick.*).
 """
@@ -58,6 +74,26 @@ OFF = "static-off"  # static, controller disabled: the overhead reference
 ORACLE = "scripted-best"  # knows the ramp: 7|5 from factor 1.15, 8|4 from 1.5, 9|3 from 1.85
 FULL = {"steps": 440, "start": 100, "ramp": 60, "end": 400}
 QUICK = {"steps": 180, "start": 40, "ramp": 30, "end": 160}
+#: The learned lead's test runs (the model needs its feature history, 60 steps, before it
+#: forecasts) and the emulated device's lead there.
+LEARNED = {"steps": 300, "start": 100, "ramp": 60, "end": 260}
+LEARNED_QUICK = {"steps": 200, "start": 100, "ramp": 30, "end": 180}
+TEST_LEAD = 30
+#: The learned lead's training runs (``bubblecast collect --inject``): no lead, ramp or factor
+#: of the test fault (lead 30, ramp 60 or 30 in --quick, factor 2.0) is among them; the rank
+#: is (both ranks are).
+TRAIN_FAULTS = ("rank=1,factor=2.5,start=110,ramp=20,end=220,lead=20",
+                "rank=0,factor=1.6,start=120,ramp=90,end=240,lead=45",
+                "rank=1,factor=1.6,start=130,ramp=20,end=240,lead=45",
+                "rank=0,factor=2.5,start=100,ramp=90,end=240,lead=20",
+                "rank=1,factor=3.0,start=120,ramp=90,end=240,lead=45",
+                "rank=1,factor=1.3,start=110,ramp=20,end=230,lead=20")
+TRAIN_STEPS = 250
+#: Horizons of the learned lead's model: the policy plans up to 20 steps ahead.
+HORIZONS = "1,5,10,20"
+#: Deadline of one model forecast in the live loop (the pandas feature path on a busy
+#: machine takes tens to hundreds of milliseconds).
+MODEL_TIMEOUT_S = 5.0
 PHASES = ("gather_s", "decide_s", "broadcast_s")
 
 
@@ -127,17 +163,24 @@ def worker(job_dir: Path) -> None:
     dist.destroy_process_group()
 
 
-def run_interleaved(args: argparse.Namespace, scale: dict[str, int]) -> dict[str, Any]:
+def run_interleaved(args: argparse.Namespace, scale: dict[str, int], lead: int | None = None,
+                    model: str | None = None) -> dict[str, Any]:
+    """One launch, one trainer per policy (module doc); ``model``: the predictive policy's
+    trained model (then no controller-off trainer: the overhead is not measured)."""
     from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.launch import failure_message, launch
 
+    lead = args.lead if lead is None else lead
     runs = {}
-    for name in (*POLICIES, OFF, ORACLE):
+    for name in (*POLICIES, *(() if model else (OFF,)), ORACLE):
         policy = name if name in POLICIES else "static"
-        config = train_config(scale["steps"], inject_spec(scale, args.lead), f"live-{name}",
+        config = train_config(scale["steps"], inject_spec(scale, lead), f"live-{name}",
                               args.hidden)
+        extra = {"model": model, "timeout_s": MODEL_TIMEOUT_S} \
+            if model and name == "predictive" else {}
         runs[name] = {"config": config.to_json(), "enabled": name in POLICIES,
-                      "control": ControllerConfig(policy=policy, every=args.every).to_json()}
+                      "control": ControllerConfig(policy=policy, every=args.every,
+                                                  **extra).to_json()}
     start, ramp = scale["start"], scale["ramp"]
     runs[ORACLE]["script"] = [  # factor 1 + (t - start + 1) / ramp: the split each factor
         {"step": start + int(np.ceil(0.15 * ramp)), "partition": [7, 5]},  # favours by a
@@ -171,6 +214,140 @@ def run_sequential(args: argparse.Namespace, scale: dict[str, int]) -> dict[str,
                          "partition": s["partition"], "control": s["control"],
                          "forecaster": s.get("forecaster")}
     return out
+
+
+# -- the learned lead: trained on some thermal faults, tested on a held-out one ---------------
+def train_lead_model(work: Path, hidden: int, quick: bool) -> tuple[str, dict[str, Any]]:
+    """Collect the training runs (``bubblecast collect --inject`` with thermal faults), keep
+    the device metrics the controller gathers, build covariate features (``dataset
+    --covariates auto``) and train LightGBM (``train --model lgbm``): the model directory and
+    what was done."""
+    from bubblecast.cli import main as cli
+    from bubblecast.runtime.control.covariate_model import GATHERED
+    from bubblecast.telemetry.metrics import metrics_path, read_metrics, write_metrics
+
+    faults = TRAIN_FAULTS[:4] if quick else TRAIN_FAULTS
+    t0 = time.perf_counter()
+    runs = []
+    for i, spec in enumerate(faults):
+        out = work / f"train{i}.parquet"
+        print(f"training run {i + 1}/{len(faults)}: {spec}", file=sys.stderr, flush=True)
+        if cli(["collect", "--out", str(out), "--layers", "12", "--hidden", str(hidden),
+                "--batch-size", "64", "--optimizer", "sgd", "--lr", "1e-3", "--steps",
+                str(TRAIN_STEPS), "--inject", spec, "--seed", str(i)]):
+            sys.exit(f"benchmark failed: bubblecast collect --inject {spec}")
+        metrics = read_metrics(out)  # the CPU's own load and clock are not gathered live
+        write_metrics(metrics[metrics["metric"].isin(GATHERED)], metrics_path(out))
+        runs.append(str(out))
+    t1 = time.perf_counter()
+    feats, model = work / "features.parquet", work / "model"
+    for argv in (["dataset", *runs, "--out", str(feats), "--covariates", "auto",
+                  "--horizons", HORIZONS, "--json"],
+                 ["train", str(feats), "--model", "lgbm", "--out", str(model), "--no-track",
+                  "--seed", "0", "--json"]):
+        if cli(argv):
+            sys.exit(f"benchmark failed: bubblecast {argv[0]}")
+    return str(model), {"faults": list(faults), "steps": TRAIN_STEPS, "horizons": HORIZONS,
+                        "device_metrics": list(GATHERED), "collect_s": t1 - t0,
+                        "train_s": time.perf_counter() - t1}
+
+
+def lead_steps(r: dict[str, Any]) -> int | None:
+    """Steps predictive's first move answering the fault came before reactive's."""
+    p, q = r["predictive"]["first_response_step"], r["reactive"]["first_response_step"]
+    return None if p is None or q is None else q - p
+
+
+def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 23's goals over the repetitions (plain means over runs)."""
+    lead, plain = [r["lead"] for r in runs], [r["plain"] for r in runs]
+
+    def ratios(rs: list[dict[str, Any]], name: str) -> list[float]:
+        return [r[name]["ratio_slowed"] for r in rs]
+
+    pr, rr, sr = ratios(lead, "predictive"), ratios(lead, "reactive"), ratios(lead, ORACLE)
+    steps = [lead_steps(r) for r in lead]
+    share = [(p - 1.0) / (s - 1.0) if s > 1.0 else None for p, s in zip(pr, sr, strict=True)]
+    ahead = float(np.mean(pr) / np.mean(rr) - 1.0)
+    share_mean = float((np.mean(pr) - 1.0) / (np.mean(sr) - 1.0)) if np.mean(sr) > 1.0 \
+        else None  # the scripted run gained nothing over static: no share to take
+    plain_gap = float(np.mean(ratios(plain, "predictive")) / np.mean(ratios(plain, "reactive"))
+                      - 1.0)
+    need = int(np.ceil(2 * len(lead) / 3))
+    return {"runs": len(lead), "lead_steps": steps,
+            "first_move_10_ahead": sum(s is not None and s >= 10 for s in steps) >= need,
+            "first_move_never_after": all(s is not None and s >= 0 for s in steps),
+            "predictive_ratio": pr, "reactive_ratio": rr, "scripted_ratio": sr,
+            "ahead_every_run": all(p > r for p, r in zip(pr, rr, strict=True)),
+            "ahead_mean_pct": 100.0 * ahead, "ahead_mean_ge_2pct": ahead >= 0.02,
+            "share_of_scripted_gain": share, "share_mean": share_mean,
+            "share_mean_ge_0_9": share_mean is not None and share_mean >= 0.9,
+            "share_every_run_ge_0_85": all(x is not None and x >= 0.85 for x in share),
+            "plain_predictive_ratio": ratios(plain, "predictive"),
+            "plain_reactive_ratio": ratios(plain, "reactive"),
+            "plain_gap_pct": 100.0 * plain_gap, "plain_within_1pct": abs(plain_gap) <= 0.01}
+
+
+def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per policy, plain means over the lead runs (the first run's moves, every run's first
+    response)."""
+    out = {}
+    for name in lead[0]:
+        rs = [r[name] for r in lead]
+        out[name] = {k: float(np.mean([r[k] for r in rs])) for k in (
+            "samples_s_before", "samples_s_slowed", "samples_s_plateau", "ratio_slowed",
+            "ratio_plateau", "decision_latency_ms")}
+        out[name]["first_response_step"] = "/".join(
+            "-" if r["first_response_step"] is None else str(r["first_response_step"])
+            for r in rs)
+        out[name]["actions"] = rs[0]["actions"]
+    return out
+
+
+def run_learned(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Train the learned lead, then ``--runs`` repetitions of a launch with the test fault's
+    thermal lead and one with the plain ramp; goals on plain means (module doc)."""
+    from _results import run_header, write_json
+
+    scale = LEARNED_QUICK if args.quick else LEARNED
+    out = args.out or RESULTS / ("live-learned-quick.json" if args.quick
+                                 else "live-learned.json")
+    t0 = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-live-model-") as tmp:
+        work = args.work or Path(tmp)
+        done = work / "training.json"
+        if done.exists():  # --work of an earlier run: its model, as it was trained
+            training = json.loads(done.read_text())
+            model = training["model"]
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            model, training = train_lead_model(work, args.hidden, args.quick)
+            done.write_text(json.dumps({**training, "model": model}))
+        for i in range(args.runs):
+            pair = {}
+            for kind, lead in (("lead", TEST_LEAD), ("plain", 0)):
+                print(f"run {i + 1}/{args.runs}: {kind}", file=sys.stderr, flush=True)
+                raw = run_interleaved(args, scale, lead=lead, model=model)
+                pair[kind] = summarise(raw, scale, args.every, lead)
+            runs.append(pair)
+            print_table(pair["lead"], f"run {i + 1}, thermal lead {TEST_LEAD}")
+            print_table(pair["plain"], f"run {i + 1}, plain ramp")
+    goals = learned_goals(runs)
+    header = run_header("live", argv if argv is not None else sys.argv[1:], backend="gloo",
+                        ranks=2, mode="learned", inject=inject_spec(scale, TEST_LEAD),
+                        model=f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd")
+    doc = {**header, "wall_s": time.perf_counter() - t0, "scale": scale, "every": args.every,
+           "held_out": {"test_fault": inject_spec(scale, TEST_LEAD),
+                        "not_in_training": ["lead", "ramp", "factor"],
+                        "in_training": ["rank"]},
+           "training": training, "policies": mean_policies([r["lead"] for r in runs]),
+           "runs": runs, "goals": goals}
+    write_json(out, doc)
+    plot(runs[0]["lead"], scale, out.with_suffix(".png"))
+    print(f"goals: {json.dumps(goals)}")
+    print(f"wrote {out.with_suffix('.png')} ({doc['wall_s']:.0f} s in all)")
+    return 0
 
 
 # -- figures --------------------------------------------------------------------------------
@@ -272,6 +449,23 @@ def plot(results: dict[str, Any], scale: dict[str, int], path: Path) -> None:
         plt.close(fig)
 
 
+def print_table(results: dict[str, Any], title: str | None = None) -> None:
+    if title:
+        print(title)
+    print(f"{'policy':14} {'before/s':>9} {'slowed/s':>9} {'ratio':>6} {'plateau':>8} "
+          f"{'first act':>9} {'responds':>8} {'moves':>5} {'final':>6} {'decide ms':>9}")
+    for name in (*POLICIES, ORACLE):
+        if name not in results:
+            continue
+        r = results[name]
+        first, resp = (("-" if r[k] is None else str(r[k]))
+                       for k in ("first_action_step", "first_response_step"))
+        print(f"{name:14} {r['samples_s_before']:9.1f} {r['samples_s_slowed']:9.1f} "
+              f"{r['ratio_slowed']:6.3f} {r['ratio_plateau']:8.3f} {first:>9} {resp:>8} "
+              f"{len(r['actions']):5d} {'|'.join(map(str, r['final_partition'])):>6} "
+              f"{r['decision_latency_ms']:9.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (for the demo)")
@@ -282,7 +476,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON path (PNG beside it)")
     ap.add_argument("--lead", type=int, default=0,
                     help="steps the emulated device heats up before the slowdown (0: none)")
+    ap.add_argument("--learned", action="store_true",
+                    help="the learned lead: train LightGBM on collected thermal-fault runs, "
+                         "test predictive --model on a held-out fault (and the plain ramp)")
+    ap.add_argument("--runs", type=int, default=None,
+                    help="--learned: repetitions (default 3, --quick 1)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="--learned: keep the training runs and the model in this folder, "
+                         "and reuse them when it already holds them")
     args = ap.parse_args(argv)
+    if args.learned:
+        args.runs = args.runs or (1 if args.quick else 3)
+        return run_learned(args, argv)
     scale = QUICK if args.quick else FULL
     out = args.out or RESULTS / ("live-quick.json" if args.quick else "live.json")
     t0 = time.perf_counter()
@@ -315,18 +520,7 @@ def main(argv: list[str] | None = None) -> int:
            "policies": results, "overhead": cost, "goals": goals}
     write_json(out, doc)
     plot(results, scale, out.with_suffix(".png"))
-    print(f"{'policy':14} {'before/s':>9} {'slowed/s':>9} {'ratio':>6} {'plateau':>8} "
-          f"{'first act':>9} {'responds':>8} {'moves':>5} {'final':>6} {'decide ms':>9}")
-    for name in (*POLICIES, ORACLE):
-        if name not in results:
-            continue
-        r = results[name]
-        first, resp = (("-" if r[k] is None else str(r[k]))
-                       for k in ("first_action_step", "first_response_step"))
-        print(f"{name:14} {r['samples_s_before']:9.1f} {r['samples_s_slowed']:9.1f} "
-              f"{r['ratio_slowed']:6.3f} {r['ratio_plateau']:8.3f} {first:>9} {resp:>8} "
-              f"{len(r['actions']):5d} {'|'.join(map(str, r['final_partition'])):>6} "
-              f"{r['decision_latency_ms']:9.2f}")
+    print_table(results)
     if cost:
         print(f"controller cost at static (every {args.every}): with/without step time "
               f"{cost['ratio_on_off']:.4f} ({cost['overhead_pct_ab']:+.2f}%; paired median "

@@ -62,7 +62,7 @@ def _temps(metrics: pd.DataFrame, run_id: str, upto: int) -> np.ndarray:
 
 def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
     served = load_with_covariates(trained["model"])
-    assert isinstance(served, CovariateModel)
+    assert isinstance(served, CovariateModel) and served.fast  # numpy rows agree on probes
     assert served.covariates and all(c.startswith("f_cov_temperature_c")
                                      for c in served.covariates)
     seen: list[pd.DataFrame] = []
@@ -81,6 +81,8 @@ def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
         served.device = device_frame(_temps(trained["metrics"], run, origin), None)
         q = served.predict_window(_window(origin + 1), [1, 5])
         assert q.shape == (2, 2, 3) and np.isfinite(q).all()
+        exact = served._forecast(_window(origin + 1), [1, 5], fast=False)  # the pandas rows
+        np.testing.assert_allclose(q, exact, rtol=1e-5)
         want = rows[rows["step"] == origin].sort_values("stage")
         for col in served.covariates:
             np.testing.assert_allclose(seen[-1][col].to_numpy(np.float64),

@@ -73,26 +73,66 @@ class CovariateModel:
         #: covariates were NaN, as the dataset's for a rank without the metric
         self.missing: list[str] = []
         self._memo: tuple[Any, np.ndarray] | None = None
+        self.fast = False
+        self.fast = self._fast_agrees()
+
+    def fast_rows(self, window: Window, horizons: list[int]) -> pd.DataFrame:
+        """The origin rows' step-series features from numpy
+        (:func:`bubblecast.dataset.online.origin_features`, what the served fast path
+        computes), one row per stage."""
+        from bubblecast.dataset.online import origin_features
+
+        cols = origin_features(window, self.config, horizons)
+        return pd.DataFrame({k: np.asarray(v) for k, v in cols.items()})
+
+    def _fast_agrees(self) -> bool:
+        """Whether the numpy rows give the exact (pandas) path's forecasts on probe windows
+        (noise, drift, spikes, a repartition) with heating temperatures; else the exact path
+        is kept and a warning logged."""
+        import logging
+
+        from bubblecast.forecast.served import probe_window
+
+        hz = list(self.horizons)
+        for seed in range(2):
+            window = probe_window(self.min_window + 7 * seed, seed, stages=2)
+            temps = np.stack([np.full(window.steps, 75.0),
+                              np.linspace(75.0, 83.0, window.steps)], axis=1)
+            self.device = device_frame(temps, np.array([85.0, 85.0]))
+            try:
+                fast = self._forecast(window, hz, fast=True)
+            except Exception as exc:  # noqa: BLE001 - any failure means: not this path
+                logging.getLogger("bubblecast.serve").info("fast rows unavailable: %s", exc)
+                return False
+            if not np.allclose(fast, self._forecast(window, hz, fast=False), rtol=1e-5,
+                               atol=1e-12, equal_nan=True):
+                logging.getLogger("bubblecast.serve").warning(
+                    "model %s: served through the pandas feature path (slower)", self.name)
+                return False
+        self.device, self._memo = None, None
+        return True
 
     def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
         """``(stages, H, 3)`` quantiles of the delay signal at the window's last step, from its
         last :data:`KEEP` steps (the longest feature window and lags fit well inside)."""
+        return self._forecast(window, [int(h) for h in horizons], self.fast)
+
+    def _forecast(self, window: Window, hz: list[int], fast: bool) -> np.ndarray:
         from bubblecast.dataset.covariates import missing_inputs, origin_covariates
 
-        hz = [int(h) for h in horizons]
         cut = max(0, window.steps - max(KEEP, 2 * self.min_window))
         device = self.device if self.device is not None else device_frame(
             np.full((0, window.stages), np.nan), None)
         seen = device[(device["step"] >= cut) & (device["step"] <= window.steps - 1)]
         seen = seen.assign(step=seen["step"] - cut)
-        key = (window.steps, cut, tuple(hz), len(seen), float(seen["value"].sum()),
+        key = (window.steps, cut, tuple(hz), fast, len(seen), float(seen["value"].sum()),
                float(np.nansum(window.compute[cut:])))
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1].copy()
         if cut:
             window = window_tail(window, cut)
         self.missing = sorted(missing_inputs(self.covariates, seen))
-        rows = self.base.origin_rows(window, hz)
+        rows = self.fast_rows(window, hz) if fast else self.base.origin_rows(window, hz)
         cov = origin_covariates(seen, np.arange(window.stages), window.steps - 1, self.config)
         nan = np.full(len(rows), np.nan, dtype=np.float32)
         extra = pd.DataFrame({c: np.asarray(cov.get(c, nan), dtype=np.float32)
