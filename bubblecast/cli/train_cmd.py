@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -83,6 +84,11 @@ def train(
     if json_out:
         emit_json(result)
         return
+    _echo_forecaster(result)
+
+
+def _echo_forecaster(result: dict[str, Any]) -> None:
+    """The text summary of ``train --model lgbm|seq|<baseline>`` (without --json)."""
     lines = [f"trained {result['kind']} on {result['rows']} rows ({result['runs']} runs)"]
     if "out" in result:
         lines.append(f"model directory: {result['out']}")
