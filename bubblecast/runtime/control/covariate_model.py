@@ -21,6 +21,7 @@ it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,9 @@ from bubblecast.dataset.window import Window
 GATHERED = ("temperature_c", "temperature_slowdown_c")
 #: Steps of the window the model's features are built from (at least twice its history).
 KEEP = 128
+#: Forecasts remembered, by their inputs: the forecast guard re-forecasts earlier origins at
+#: every decision (its backtests), from the same rows as when they were the last.
+MEMO = 64
 
 
 def covariate_columns_of(forecaster: Any) -> list[str]:
@@ -72,7 +76,7 @@ class CovariateModel:
         #: device metrics the model reads that no rank reported at the last forecast: their
         #: covariates were NaN, as the dataset's for a rank without the metric
         self.missing: list[str] = []
-        self._memo: tuple[Any, np.ndarray] | None = None
+        self._memo: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self.fast = False
         self.fast = self._fast_agrees()
 
@@ -109,7 +113,8 @@ class CovariateModel:
                 logging.getLogger("bubblecast.serve").warning(
                     "model %s: served through the pandas feature path (slower)", self.name)
                 return False
-        self.device, self._memo = None, None
+        self.device = None
+        self._memo.clear()
         return True
 
     def predict_window(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
@@ -127,8 +132,9 @@ class CovariateModel:
         seen = seen.assign(step=seen["step"] - cut)
         key = (window.steps, cut, tuple(hz), fast, len(seen), float(seen["value"].sum()),
                float(np.nansum(window.compute[cut:])))
-        if self._memo is not None and self._memo[0] == key:
-            return self._memo[1].copy()
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key].copy()
         if cut:
             window = window_tail(window, cut)
         self.missing = sorted(missing_inputs(self.covariates, seen))
@@ -140,7 +146,9 @@ class CovariateModel:
         rows = pd.concat([rows.drop(columns=self.covariates, errors="ignore"), extra], axis=1)
         preds = self.forecaster.predict_signal(rows, hz)
         out = np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
-        self._memo = (key, out)
+        self._memo[key] = out
+        while len(self._memo) > MEMO:
+            self._memo.popitem(last=False)
         return out.copy()
 
 
