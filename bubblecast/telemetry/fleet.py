@@ -31,6 +31,7 @@ append); writing Parquet is :mod:`bubblecast.telemetry.io`'s, handed in as a cal
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -113,9 +114,8 @@ def is_legacy_part(names: list[str], path: str | os.PathLike[str]) -> bool:
 
 def part_schema(root: str | os.PathLike[str]) -> Any:
     """The Arrow schema of a part already in the fleet ``root`` (the fleet's schema, which
-    every part shares), or None for a new or empty fleet; one footer read."""
-    import pyarrow.parquet as pq
-
+    every part shares), or None for a new or empty fleet; one footer read (none when this
+    process read the same unchanged part before: a fleet written run after run)."""
     p = Path(root)
     if not p.is_dir():
         return None
@@ -125,8 +125,18 @@ def part_schema(root: str | os.PathLike[str]) -> Any:
         parts = sorted(f for f in os.listdir(entry.path)
                        if f.endswith(".parquet") and not f.startswith("."))
         if parts:
-            return pq.read_schema(Path(entry.path) / parts[0])
+            part = os.path.join(entry.path, parts[0])
+            stat = os.stat(part)
+            return _footer_schema(part, stat.st_mtime_ns, stat.st_size, stat.st_ino)
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _footer_schema(path: str, *stamp: int) -> Any:
+    """The Arrow schema in the footer of the file ``path`` as it was at ``stamp``."""
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path)
 
 
 def _string_type(typ: Any) -> bool:
@@ -168,7 +178,9 @@ def part_table(table: Any, reference: Any = None, source: str = "<memory>") -> A
                               "bubblecast's (run_id inside each part); it is still read, "
                               "but write new runs to a new fleet directory")
     known = [c for c in REQUIRED if c != "run_id"] + list(OPTIONAL)
-    extras = [c for c in table.column_names if c not in REQUIRED and c not in OPTIONAL]
+    schema = table.schema
+    present = set(schema.names)
+    extras = [c for c in schema.names if c not in REQUIRED and c not in OPTIONAL]
     if reference is not None:
         ref_extras = [c for c in reference.names if c not in REQUIRED and c not in OPTIONAL]
         new = [c for c in extras if c not in ref_extras]
@@ -184,15 +196,15 @@ def part_table(table: Any, reference: Any = None, source: str = "<memory>") -> A
             typ = reference.field(name).type
         elif name == "op":
             typ = pa.dictionary(pa.int8(), pa.string())
-        elif name in table.column_names and not _string_type(table.schema.field(name).type):
-            typ = table.schema.field(name).type
+        elif name in present and not _string_type(schema.field(name).type):
+            typ = schema.field(name).type
         else:
             typ = REQUIRED.get(name, OPTIONAL.get(name, pa.string()))
             typ = dict32 if _string_type(typ) else typ
-        column = table.column(name) if name in table.column_names else pa.nulls(n, typ)
+        column = table.column(name) if name in present else pa.nulls(n, typ)
         arrays.append(_conform(column, typ, source, name))
         fields.append(pa.field(name, typ, nullable=name not in REQUIRED))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
 
 
 @dataclass(frozen=True)
