@@ -32,9 +32,9 @@ VALIDATION_ROWS = 20_000
 
 
 def _read_part(path: str) -> pd.DataFrame:
-    import pyarrow.parquet as pq
+    from bubblecast.dataset.store import read_features_table
 
-    return pq.read_table(path).to_pandas()
+    return read_features_table(path).to_pandas()
 
 
 def _part_xy(path: str, model: LGBMForecaster, splits: dict[str, set[str]], split: str
@@ -169,13 +169,18 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
     import pyarrow.parquet as pq
 
     from bubblecast.dataset.splits import split_runs
-    from bubblecast.dataset.store import partition_files, read_features_meta
+    from bubblecast.dataset.store import (
+        features_part_schema,
+        partition_files,
+        read_features_meta,
+        read_features_table,
+    )
     from bubblecast.execution import executor
 
     files = [f.absolute() for f in partition_files(features, meta)]
-    cols = ["run_id", "scenario"] if "scenario" in pq.read_schema(files[0]).names \
-        else ["run_id"]
-    runs_frame = pd.concat([pq.read_table(f, columns=cols).to_pandas().head(1) for f in files],
+    schema = features_part_schema(files[0])
+    cols = ["run_id", "scenario"] if "scenario" in schema.names else ["run_id"]
+    runs_frame = pd.concat([read_features_table(f, cols).to_pandas().head(1) for f in files],
                            ignore_index=True)
     runs_frame["run_id"] = runs_frame["run_id"].astype(str)
     fit_runs, test_runs = set(runs_frame["run_id"]), set()
@@ -183,7 +188,7 @@ def train_dask(features: Path, model: LGBMForecaster, meta: Any, holdout: float,
         masks = split_runs(runs_frame, {"fit": 1.0 - holdout, "test": holdout}, seed=seed)
         test_runs = set(runs_frame.loc[masks["test"], "run_id"])
         fit_runs -= test_runs
-    schema_frame = pq.read_schema(files[0]).empty_table().to_pandas()
+    schema_frame = schema.empty_table().to_pandas()
     schema_frame.attrs["bubblecast_features"] = read_features_meta(features).to_json()
     run_of = {f: f.parent for f in files}
     from bubblecast.telemetry.fleet import run_id_of

@@ -38,8 +38,9 @@ def simulated_metrics(config: Any) -> pd.DataFrame:
 
 def write_simulated_metrics(config: Any, out: str | os.PathLike[str]) -> Path | None:
     """Write the metrics of ``config``'s runs beside the events at ``out`` (a file, or a fleet
-    directory: one ``run_id=<id>/part-00000.metrics`` per run); None when there are none."""
-    from bubblecast.telemetry.fleet import is_directory_target, run_dir_name
+    directory: one ``run_id=<id>/part-00000.metrics`` per run in the fleet's sidecar folder
+    ``_<fleet>.sidecars/``, outside the data every reader lists); None when there are none."""
+    from bubblecast.telemetry.fleet import is_directory_target, run_dir_name, sidecar_dir
     from bubblecast.telemetry.metrics import metrics_path, write_metrics
 
     frame = simulated_metrics(config)
@@ -47,7 +48,7 @@ def write_simulated_metrics(config: Any, out: str | os.PathLike[str]) -> Path | 
         return None
     if not is_directory_target(out):
         return write_metrics(frame, metrics_path(out))
-    root = Path(out)
+    root = sidecar_dir(out)
     for run_id, part in frame.groupby("run_id", sort=False):
         write_metrics(part, root / run_dir_name(str(run_id)) / "part-00000.metrics")
     return root

@@ -13,7 +13,9 @@ One row per sample: ``run_id`` (string), ``step`` (int64 >= 0), ``rank`` (int32 
 Storage: Parquet files with the extension ``.metrics`` (so no events reader, which globs
 ``*.parquet``, ever mistakes them for events): beside an events file ``runs.parquet`` the file
 ``runs.metrics``; inside an events directory any number of ``*.metrics`` files (the recorder
-writes ``run_id=<id>/rank0000.metrics``, a fleet ``run_id=<id>/part-00000.metrics``).
+writes ``rank0000.metrics`` into its parts directory); of a fleet, in its sidecar folder
+beside it (``_FLEET.sidecars/run_id=<id>/part-00000.metrics``, outside the data every reader
+lists; fleets written before hold them inside ``run_id=<id>/``, still read).
 Written atomically with page checksums, verified on read; rows are validated on write and read
 (one line naming the file and column).
 """
@@ -99,11 +101,16 @@ def write_metrics(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
 
 
 def metrics_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The metrics files of an events file or directory (none: empty list)."""
+    """The metrics files of an events file or directory (none: empty list); of a fleet or
+    one of its run directories, those in its sidecar folder too."""
+    from bubblecast.telemetry.fleet import run_id_of, run_sidecar_dir, sidecar_dir
+
     p = Path(path)
     if p.is_dir():
-        return sorted(f for f in p.rglob(f"*{SUFFIX}") if f.is_file()
-                      and not any(s.startswith(".") for s in f.relative_to(p).parts))
+        side = run_sidecar_dir(p) if run_id_of(p) is not None else sidecar_dir(p)
+        return sorted(f for d in (p, side) if d.is_dir() for f in d.rglob(f"*{SUFFIX}")
+                      if f.is_file()
+                      and not any(s.startswith(".") for s in f.relative_to(d).parts))
     if p.suffix == SUFFIX:
         return [p] if p.exists() else []
     side = metrics_path(p)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bubblecast.cli import main
-from bubblecast.telemetry.fleet import run_dir_name
+from bubblecast.telemetry.fleet import run_dir_name, sidecar_dir
 
 SIM = ["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--steps",
        "40", "--scenario", "mixed", "--seed", "3"]
@@ -33,6 +33,7 @@ def corrupt(features: Path, tmp_path: Path) -> Path:
     """A copy of ``features`` whose run sim-2 part is truncated."""
     copy = tmp_path / "feat"
     shutil.copytree(features, copy)
+    shutil.copytree(sidecar_dir(features), sidecar_dir(copy))  # the dataset's metadata
     part = copy / run_dir_name("sim-2") / "part-00000.parquet"
     part.write_bytes(part.read_bytes()[:200] + b"\0" * 64)
     return copy
