@@ -274,24 +274,12 @@ class ForecastGuard:
     def score(self, history: np.ndarray, now: int, horizons: np.ndarray) -> GuardStatus:
         """Model and naive mean absolute errors over the scored pairs; updates the verdict."""
         c = self.config
-        hist = np.log(np.maximum(np.asarray(history, dtype=np.float64), 1e-300))
+        hist = np.asarray(history, dtype=np.float64)
         offset = now - (len(hist) - 1)  # absolute index of history row 0
-        err_m: list[float] = []
-        err_n: list[float] = []
-        recent: list[bool] = []
         # The last `window` origins with a realised target (steps offline; decisions live).
         origins = [o for o in sorted(self.record) if o + int(horizons.min()) <= now
                    and o - offset >= 0][-c.window:]
-        for o in origins:
-            logq = self.record[o]
-            for j, h in enumerate(horizons):
-                target = o + int(h)
-                if target > now:
-                    continue
-                actual = _relative(hist[target - offset])
-                err_m.append(float(np.abs(_relative(logq[j]) - actual).mean()))
-                err_n.append(float(np.abs(_relative(hist[o - offset]) - actual).mean()))
-                recent.append(target > now - c.recent)
+        err_m, err_n, recent = self._errors(hist, offset, now, origins, horizons)
         n = len(err_m)
         if n == 0:
             status = GuardStatus(False, None, None, 0)
@@ -315,6 +303,25 @@ class ForecastGuard:
         self.trusted = status.trusted
         self.last = status
         return status
+
+    def _errors(self, history: np.ndarray, offset: int, now: int, origins: list[int],
+                horizons: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per scored (origin, horizon) pair with a realised target: the model's and the naive
+        forecast's mean absolute error of relative log speed, and whether the target is among
+        the last ``config.recent`` steps."""
+        if not origins:
+            return np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)
+        o = np.asarray(origins, dtype=np.int64)
+        target = o[:, None] + np.asarray(horizons, dtype=np.int64)[None, :]  # (O, C)
+        valid = target <= now
+        lo = int(o.min()) - offset  # only the rows read are logged
+        hist = np.log(np.maximum(history[lo:], 1e-300))
+        actual = _relative(hist[np.where(valid, target, o[:, None]) - offset - lo])  # (O, C, P)
+        model = _relative(np.stack([self.record[int(k)] for k in o]))  # (O, C, P)
+        naive = _relative(hist[o - offset - lo])[:, None, :]  # (O, 1, P)
+        err_m = np.abs(model - actual).mean(axis=-1)[valid]
+        err_n = np.abs(naive - actual).mean(axis=-1)[valid]
+        return err_m, err_n, (target > now - self.config.recent)[valid]
 
     def counts(self) -> dict[str, int]:
         return {"decisions": self.decisions, "fallback_decisions": self.fallback_decisions}
