@@ -4,13 +4,21 @@ adaptive conformal inference online (:class:`AdaptiveConformal`).
 Models fitted now apply their shifts in ``interval`` mode (the median is clipped into the
 calibrated bounds, not the bounds to the median); models saved before keep ``shift`` mode.
 
-On held-out runs, the lower and upper quantile forecasts are shifted so that, with the usual
-finite-sample correction, at most ``(1 - coverage) / 2`` of the held-out targets fall below the
-lower and above the upper bound: the p10-p90 interval then covers ``coverage`` of new runs drawn
-like the calibration runs. Works in whatever space the model predicts (here log(y / level)).
+Mondrian groups: a model's shifts of one horizon are a dict of per-group ``(lo, hi)`` pairs
+plus ``"all"`` (pooled). Two schemes. The *regime* scheme (:func:`regime_shifts`; the dict
+also holds ``"edges"`` and ``"window"``) groups rows by the series' recent volatility,
+``f_u_std_w20 / level`` (or the nearest window the features have), binned at quantiles of
+the calibration rows, so that quiet and volatile stretches, and quiet and volatile runs, are
+each covered about ``coverage`` (a single pooled shift over-covers the quiet ones and
+under-covers the volatile ones). The *token* scheme of models fitted before
+(:func:`grouped_shifts`) groups rows by whether the step's token load is known ahead.
+:func:`row_groups` picks the scheme from the dict, so either kind of model applies its own.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -69,6 +77,102 @@ def grouped_shifts(lo: np.ndarray, hi: np.ndarray, y: np.ndarray, groups: np.nda
         if sel.sum() >= MIN_GROUP_ROWS:
             out[str(int(g))] = conformal_shifts(lo[sel], hi[sel], y[sel], coverage)
     return out
+
+
+#: Volatility bins of the regime scheme (quantiles of the calibration rows).
+REGIME_BINS = 5
+#: Preferred window (steps) of the rolling standard deviation a row's regime is read from.
+REGIME_WINDOW = 20
+_STD = re.compile(r"^f_u_std_w(\d+)$")
+
+
+def regime_window(columns: Iterable[object]) -> int | None:
+    """The window of the volatility column regimes are read from: of the ``f_u_std_w<w>``
+    in ``columns``, the ``w`` closest to :data:`REGIME_WINDOW` (the longer of two as close);
+    None without any."""
+    found = [int(m.group(1)) for c in columns if (m := _STD.match(str(c)))]
+    return min(found, key=lambda w: (abs(w - REGIME_WINDOW), -w)) if found else None
+
+
+def regime_columns(shifts: dict[str, tuple[float, ...]]) -> tuple[str, str]:
+    """The two columns regime shifts read (rolling std, level); known when forecasting."""
+    window = shifts.get("window", ())
+    return f"f_u_std_w{int(window[0]) if window else REGIME_WINDOW}", "level"
+
+
+def regime_values(std: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Each row's regime value: ``log(std / level)``, the series' recent volatility relative
+    to its level (NaN where either is missing or not positive)."""
+    std = np.asarray(std, dtype=np.float64)
+    level = np.asarray(level, dtype=np.float64)
+    ok = np.isfinite(std) & np.isfinite(level) & (std > 0) & (level > 0)
+    out = np.full(std.shape, np.nan)
+    out[ok] = np.log(std[ok] / level[ok])
+    return out
+
+
+def frame_regimes(frame: object, window: int | None) -> np.ndarray:
+    """:func:`regime_values` of a features frame's rows from its ``f_u_std_w<window>`` and
+    ``level`` columns (all NaN without them)."""
+    cols = getattr(frame, "columns", [])
+    std_col = f"f_u_std_w{window}"
+    if window is None or std_col not in cols or "level" not in cols:
+        return np.full(len(frame), np.nan)  # type: ignore[arg-type]
+    return regime_values(frame[std_col].to_numpy(dtype=np.float64),  # type: ignore[index]
+                         frame["level"].to_numpy(dtype=np.float64))  # type: ignore[index]
+
+
+def regime_ids(shifts: dict[str, tuple[float, ...]], values: np.ndarray) -> np.ndarray:
+    """Group of each row under regime shifts: its volatility bin ``0..len(edges)``, and
+    ``len(edges) + 1`` where the value is unknown (NaN: the pooled shifts apply unless the
+    calibration rows had enough such rows)."""
+    edges = np.asarray(shifts["edges"], dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    known = np.isfinite(values)
+    return np.where(known, np.digitize(np.where(known, values, 0.0), edges), len(edges) + 1)
+
+
+def regime_shifts(lo: np.ndarray, hi: np.ndarray, y: np.ndarray, values: np.ndarray,
+                  coverage: float = 0.8, bins: int = REGIME_BINS, window: int | None = None
+                  ) -> dict[str, tuple[float, ...]]:
+    """Mondrian shifts by volatility regime: ``"all"`` (pooled), ``"edges"`` (the bin edges,
+    quantiles of the calibration rows' regime ``values``, :func:`frame_regimes` of
+    ``window``; fewer bins when there are too few rows for each to hold
+    :data:`MIN_GROUP_ROWS`), ``"window"`` (``(window,)``, or ``()`` for None) and one
+    ``(lo, hi)`` per group with enough rows (:func:`regime_ids`)."""
+    ok = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(y)
+    known = ok & np.isfinite(values)
+    n_bins = max(1, min(bins, int(known.sum()) // MIN_GROUP_ROWS))
+    edges = np.quantile(values[known], np.linspace(0, 1, n_bins + 1)[1:-1]) \
+        if n_bins > 1 else np.zeros(0)
+    out: dict[str, tuple[float, ...]] = {"all": conformal_shifts(lo, hi, y, coverage),
+                                         "edges": tuple(float(e) for e in np.unique(edges)),
+                                         "window": () if window is None else (float(window),)}
+    ids = regime_ids(out, values)
+    for g in np.unique(ids[ok]):
+        sel = ok & (ids == g)
+        if sel.sum() >= MIN_GROUP_ROWS:
+            out[str(int(g))] = conformal_shifts(lo[sel], hi[sel], y[sel], coverage)
+    return out
+
+
+def row_groups(shifts: dict[str, tuple[float, ...]], frame: object) -> np.ndarray:
+    """The group of each of ``frame``'s rows under ``shifts`` (one horizon's): regime groups
+    where the shifts hold ``"edges"`` (:func:`regime_shifts`), else the token groups of
+    :func:`calibration_groups` (models fitted before)."""
+    if "edges" in shifts:
+        window = shifts.get("window", ())
+        return regime_ids(shifts, frame_regimes(frame, int(window[0]) if window else None))
+    return calibration_groups(frame)
+
+
+def matrix_groups(shifts: dict[str, tuple[float, ...]], tokens: np.ndarray, std: np.ndarray,
+                  level: np.ndarray) -> np.ndarray:
+    """:func:`row_groups` from plain columns (a model's matrix fast path): ``tokens`` the
+    ``f_tokens_ratio`` column, ``std`` and ``level`` the :func:`regime_columns`."""
+    if "edges" in shifts:
+        return regime_ids(shifts, regime_values(std, level))
+    return np.isfinite(np.asarray(tokens, dtype=np.float64)).astype(np.int64)
 
 
 def apply_grouped(q: np.ndarray, shifts: dict[str, tuple[float, ...]], groups: np.ndarray,

@@ -5,9 +5,10 @@ median to the row's anchor (oldest first, from the ``f_u_lag*`` and ``f_u_peer_l
 columns), plus the other features as a standardised vector (missing values as 0 with an
 indicator). A multi-horizon head outputs p10/p50/p90 of ``log(y_h / anchor)`` for every
 horizon at once (p10 <= p50 <= p90 by construction), trained with the pinball loss on a
-run-grouped split with early stopping; p10/p90 are then conformally calibrated on held-out
-runs. Deterministic for a seed on CPU; uses CUDA when present. Saved as a ``state_dict`` of
-tensors (loaded with ``weights_only=True``) plus JSON.
+run-grouped split with early stopping; p10/p90 are then conformally calibrated, by volatility
+regime (:func:`~bubblecast.forecast.conformal.regime_shifts`), on a third set of runs used
+neither for fitting nor for early stopping. Deterministic for a seed on CPU; uses CUDA when
+present. Saved as a ``state_dict`` of tensors (loaded with ``weights_only=True``) plus JSON.
 
 :meth:`SeqForecaster.fit` takes a features frame; on a fleet that frame (every row, ~140
 columns) is what does not fit one process, so :meth:`SeqForecaster.fit_partitioned` streams
@@ -37,7 +38,13 @@ from bubblecast.forecast.base import (
     log_target,
     relative_inputs,
 )
-from bubblecast.forecast.conformal import apply_grouped, calibration_groups, grouped_shifts
+from bubblecast.forecast.conformal import (
+    apply_grouped,
+    frame_regimes,
+    regime_shifts,
+    regime_window,
+    row_groups,
+)
 
 _LAG = re.compile(r"^f_u_(peer_)?lag(\d+)$")
 WEIGHTS_FILE = "seq_weights.pt"
@@ -111,7 +118,7 @@ class SeqForecaster(Forecaster):
 
     def __init__(self, hidden: int = 32, epochs: int = 30, batch_size: int = 512,
                  learning_rate: float = 3e-3, patience: int = 4, val_fraction: float = 0.2,
-                 cal_fraction: float = 0.2, coverage: float = 0.8,
+                 cal_fraction: float = 0.3, coverage: float = 0.8,
                  max_train_rows: int | None = 200_000, anchor: str = "level", seed: int = 0,
                  device: str = "auto", n_jobs: int = 1) -> None:
         self.hidden = hidden
@@ -197,6 +204,8 @@ class SeqForecaster(Forecaster):
         """Row positions of ``train`` (sampled to ``max_train_rows``), ``val`` and ``cal``
         with a known target; ``frame`` needs ``run_id``, ``scenario`` and the targets only."""
         masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
+        # three disjoint sets of runs: the conformal shifts never see an early-stopping run
+        masks["cal"] = masks["cal"] & ~masks["val"]
         rng = np.random.default_rng(self.seed)
         known = np.isfinite(np.column_stack([frame[f"y_h{h}"].to_numpy(dtype=float)
                                              for h in self.horizons_])).any(axis=1)
@@ -213,7 +222,9 @@ class SeqForecaster(Forecaster):
             part = frame.iloc[rows[k]]
             seq, static = self._arrays(part)  # train first: it sets the standardisation
             data[k] = (seq, static, self._targets(part))
-        return self._fit_arrays(data, rng, calibration_groups(frame.iloc[rows["cal"]]))
+        window = regime_window(frame.columns)
+        regimes = frame_regimes(frame.iloc[rows["cal"]], window)
+        return self._fit_arrays(data, rng, regimes, window)
 
     def fit_partitioned(self, path: str | os.PathLike[str],
                         runs: list[str] | None = None) -> SeqForecaster:
@@ -227,24 +238,24 @@ class SeqForecaster(Forecaster):
            exactly as ``fit`` draws them on the whole frame (same functions, same row
            positions, same seed);
         2. each part's model columns: the chosen rows' sequences, raw static inputs, targets
-           and calibration groups, appended per split. The standardisation is then fitted on
+           and volatility regimes, appended per split. The standardisation is then fitted on
            the training rows, as ``fit`` does.
 
         Memory holds the split keys of every row plus the model's inputs of the chosen rows
         (at most ``max_train_rows`` training rows), never the features frame. The model still
         trains in one process (``train --cluster`` refuses ``seq``)."""
-        data, rng, groups = self._streamed_arrays(path, runs)
-        return self._fit_arrays(data, rng, groups)
+        data, rng, regimes, window = self._streamed_arrays(path, runs)
+        return self._fit_arrays(data, rng, regimes, window)
 
     def _streamed_arrays(self, path: str | os.PathLike[str], runs: list[str] | None
                          ) -> tuple[dict[str, tuple[np.ndarray, ...]], np.random.Generator,
-                                    np.ndarray]:
-        """``(data, rng, calibration groups)`` for :meth:`_fit_arrays`: the arrays ``fit``
-        would build on the frame of ``runs``' rows, read part by part."""
-        import pyarrow.parquet as pq
+                                    np.ndarray, int | None]:
+        """``(data, rng, calibration regimes, their window)`` for :meth:`_fit_arrays`: the
+        arrays ``fit`` would build on the frame of ``runs``' rows, read part by part."""
+        from bubblecast.dataset.store import features_part_schema
 
         files, meta = _parts(path, runs)
-        names = pq.read_schema(files[0]).names
+        names = features_part_schema(files[0]).names  # run_id included, as parts are read
         header = pd.DataFrame(columns=names)
         header.attrs["bubblecast_features"] = meta.to_json()
         self._prepare(header)
@@ -256,7 +267,9 @@ class SeqForecaster(Forecaster):
         del index
         rows, rng = self._split_rows(frame_keys)
         del frame_keys
-        wanted = {*self.features_, ANCHORS[self.anchor], *targets, "f_tokens_ratio"}
+        window = regime_window(names)
+        wanted = {*self.features_, ANCHORS[self.anchor], *targets, f"f_u_std_w{window}",
+                  "level"}
         columns = [c for c in names if c in wanted]
         pieces: dict[str, list[tuple[np.ndarray, ...]]] = {k: [] for k in ("train", "val", "cal")}
         for i, part in enumerate(files):  # pass 2: the chosen rows' inputs
@@ -268,17 +281,18 @@ class SeqForecaster(Forecaster):
             for k, piece in pieces.items():
                 sub = frame.iloc[chosen[k]]
                 seq, static = self._raw_arrays(sub)
-                piece.append((seq, static, self._targets(sub), calibration_groups(sub)))
+                piece.append((seq, static, self._targets(sub), frame_regimes(sub, window)))
         data = {}
         for k in ("train", "val", "cal"):  # train first: it fixes the standardisation
             seq, static, target, _ = (np.concatenate(a) for a in zip(*pieces[k], strict=True))
             data[k] = (*self._standardised(seq, static), target)
-        groups = np.concatenate([p[3] for p in pieces["cal"]])
-        return data, rng, groups
+        regimes = np.concatenate([p[3] for p in pieces["cal"]])
+        return data, rng, regimes, window
 
     def _fit_arrays(self, data: dict[str, tuple[np.ndarray, ...]], rng: np.random.Generator,
-                    cal_groups: np.ndarray) -> SeqForecaster:
-        """Train on the ``train``/``val`` arrays, calibrate on ``cal``'s."""
+                    cal_regimes: np.ndarray, window: int | None) -> SeqForecaster:
+        """Train on the ``train``/``val`` arrays; calibrate on ``cal``'s, by the volatility
+        regimes ``cal_regimes`` of its rows (read with ``window``)."""
         import torch
 
         threads = torch.get_num_threads()
@@ -291,8 +305,8 @@ class SeqForecaster(Forecaster):
             torch.use_deterministic_algorithms(deterministic)
         lo_hi = self._raw(data["cal"][0], data["cal"][1])
         cal = np.sort(lo_hi, axis=2)
-        self.shifts_ = {h: grouped_shifts(cal[:, j, 0], cal[:, j, 2], data["cal"][2][:, j],
-                                          cal_groups, self.coverage)
+        self.shifts_ = {h: regime_shifts(cal[:, j, 0], cal[:, j, 2], data["cal"][2][:, j],
+                                         cal_regimes, self.coverage, window=window)
                         for j, h in enumerate(self.horizons_)}
         self.calibration_ = "interval"
         return self
@@ -366,12 +380,11 @@ class SeqForecaster(Forecaster):
         seq, static = self._arrays(frame)
         raw = self._raw(seq, static)
         level = level_of(frame, self.anchor)
-        groups = calibration_groups(frame)
         out = {}
         for h in horizons:
             j = self.horizons_.index(h)
-            z = apply_grouped(np.sort(raw[:, j, :], axis=1), self.shifts_[h], groups,
-                              self.calibration)
+            z = apply_grouped(np.sort(raw[:, j, :], axis=1), self.shifts_[h],
+                              row_groups(self.shifts_[h], frame), self.calibration)
             out[h] = level[:, None] * np.exp(z)
         return out
 

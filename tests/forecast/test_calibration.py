@@ -1,70 +1,138 @@
-"""Calibration that holds on new runs: real LightGBM and GRU models on held-out seeds, and
-adaptive conformal inference (ACI) online.
+"""Calibration that holds on new runs: regime (Mondrian) conformal shifts, real LightGBM and GRU
+models on held-out seeds, and adaptive conformal inference (ACI) online.
 
-Tolerances of the held-out tests. README's 0.78-0.82 band is the p10-p90 coverage at the scale
-of ``benchmarks/bench_forecast.py`` (80 training runs of 400 steps, 32 of them calibrating,
-40 held-out runs). The fixture here is far smaller: 8 scenarios x 3 runs of 160 steps, one
-replica of 4 stages, for training (suite seed 1: 16 runs train, 8 calibrate, the validation
-runs included) and for the held-out suite (seed 2: 24 runs, about 9,600 / 9,200 / 8,700 rows
-at h = 1 / 5 / 10). If rows were independent, the binomial standard error of a coverage of
-0.8 would be sqrt(0.8 x 0.2 / 9,600) = 0.004 on the held-out rows and
-sqrt(0.16 / 3,232) = 0.007 for the conformal shifts fitted on the calibration rows: about
-0.008 together. Neighbouring steps share their errors, so the runs, not the rows, set the
-spread: measured over 5 training suite seeds (1, 3, 4, 5, 6) x 8 held-out seeds (2, 7-13),
-every horizon (``benchmarks/calibration_spread.py``), the coverage has a standard deviation
-of 0.019 for LightGBM (0.019 between training suites, which runs train and calibrate; 0.008
-between held-out suites) and 0.040 for the GRU (0.031 and 0.023), means 0.788 and 0.782.
-So this fixture cannot hold either model to 0.78-0.82 (at its own seeds LightGBM gives
-0.771 / 0.780 / 0.787 and the GRU 0.764 / 0.788 / 0.782); the tests allow 2.5 measured
-standard deviations: 0.05 for LightGBM, 0.10 for the GRU. The 0.78-0.82 claim itself is
-measured at its own scale by ``benchmarks/bench_forecast.py``, which records the band beside
-its results; no test backs it at that precision.
+The claim: p10-p90 coverage in [0.78, 0.82] on runs of new seeds. A held-out coverage is a
+noisy reading of the model's true coverage, and neighbouring steps share their errors, so the
+runs, not the rows, set its standard error: with per-run coverages of standard deviation
+``sd`` over ``n_test`` held-out runs, and shifts fitted on ``n_cal`` calibration runs drawn
+alike, ``se = sd x sqrt(1 / n_test + 1 / n_cal)``. Each test computes ``sd`` from its own
+held-out runs, states ``se`` in its failure message and asserts the reading within the band
+widened by two standard errors, ``[0.78 - 2 se, 0.82 + 2 se]``; it also bounds ``se`` itself
+(:data:`MAX_SE`), so that a calibration whose runs scatter widely cannot pass by inflating it.
+
+The fixture (``make test`` size): 8 scenarios x 3 runs of 160 steps, one replica of 4 stages,
+suite seed 1 for training and seed 2 held out (24 runs, about 9,600 / 9,200 / 8,700 rows at
+h = 1 / 5 / 10). The GRU fits on 13 runs, early-stops on 4 and calibrates on the other 7;
+LightGBM (``lgbm.py``) early-stops on 4 and calibrates on those 4 and 4 more. Measured there
+(``sd`` of per-run coverage 0.09-0.12): the GRU reads 0.823 / 0.835 / 0.812 with se 0.050 /
+0.039 / 0.043, LightGBM 0.772 / 0.785 / 0.781 with se 0.040 / 0.037 / 0.041, so the asserted
+intervals are about [0.70, 0.90]. The band's own +-0.02 needs se <= 0.01, i.e. about 100
+calibration runs and 100 held-out runs with per-run sd 0.1: the calibration runs, not the
+held-out rows, bound what one trained model's reading can show. No test trains at that size;
+``benchmarks/calibration_spread.py`` reports the readings over training and held-out seeds,
+each with its se, per horizon and scenario.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from bubblecast.dataset import DatasetConfig, build_dataset
-from bubblecast.forecast.conformal import AdaptiveConformal
+from bubblecast.forecast.conformal import (
+    AdaptiveConformal,
+    apply_grouped,
+    calibration_groups,
+    conformal_shifts,
+    regime_ids,
+    regime_shifts,
+    regime_window,
+    row_groups,
+)
 from bubblecast.forecast.suite import TRAINING, SuiteConfig, suite_events
 
-#: 2.5 measured standard deviations of this fixture's held-out coverage (module doc).
-TOL_LGBM = 0.05
-TOL_GRU = 0.10
+BAND = (0.78, 0.82)
+#: Largest standard error a held-out reading may have for the test to mean anything.
+MAX_SE = 0.06
 CONFIG = DatasetConfig()  # horizons 1, 5, 10 as the shipped model
+
+
+def _frame(seed: int, runs: int = 3, steps: int = 160, scenarios=TRAINING) -> pd.DataFrame:
+    return build_dataset(suite_events(SuiteConfig(scenarios=scenarios, runs=runs, steps=steps,
+                                                  replicas=1, seed=seed)), CONFIG)[0]
 
 
 @pytest.fixture(scope="module")
 def frames():
-    train = build_dataset(suite_events(SuiteConfig(scenarios=TRAINING, runs=3, steps=160,
-                                                   replicas=1, seed=1)), CONFIG)[0]
-    held = build_dataset(suite_events(SuiteConfig(scenarios=TRAINING, runs=3, steps=160,
-                                                  replicas=1, seed=2)), CONFIG)[0]
-    return train, held
+    return _frame(1), _frame(2)
 
 
-def _coverage(model, frame) -> dict[int, float]:
+def held_out_coverage(model, frame: pd.DataFrame) -> dict[int, tuple[float, float, int]]:
+    """Per horizon: ``(coverage, sd of the per-run coverages, runs)`` on ``frame``."""
     pred = model.predict_signal(frame, model.horizons_)
     out = {}
     for h in model.horizons_:
         y = frame[f"y_h{h}"].to_numpy(float)
         ok = np.isfinite(y)
-        q = pred[h][ok]
-        out[h] = float(np.mean((y[ok] >= q[:, 0]) & (y[ok] <= q[:, 2])))
+        inside = pd.Series((y >= pred[h][:, 0]) & (y <= pred[h][:, 2]))[ok]
+        per_run = inside.groupby(frame["run_id"].astype(str).to_numpy()[ok]).mean()
+        out[h] = (float(inside.mean()), float(per_run.std(ddof=1)), len(per_run))
     return out
 
 
-def test_lightgbm_held_out_coverage(frames):
-    from bubblecast.forecast.lgbm import LGBMForecaster
-
-    train, held = frames
-    model = LGBMForecaster(n_estimators=60, seed=0).fit(train)
-    cov = _coverage(model, held)
+def assert_in_band(cov: dict[int, tuple[float, float, int]], n_cal: int) -> None:
+    """Each horizon's reading within the band widened by 2 se (module doc)."""
     assert set(cov) == {1, 5, 10}
-    for h, c in cov.items():
-        assert abs(c - 0.8) <= TOL_LGBM, (h, cov)
+    for h, (c, sd, n_test) in cov.items():
+        se = sd * np.sqrt(1 / n_test + 1 / n_cal)
+        what = f"h{h}: coverage {c:.3f}, se {se:.3f} ({n_test} held-out, {n_cal} cal runs)"
+        assert se <= MAX_SE, what
+        assert BAND[0] - 2 * se <= c <= BAND[1] + 2 * se, what
+
+
+def _heteroscedastic(n: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Rows of three volatility regimes (sd 0.2, 1, 5) whose raw intervals are all the same
+    width: ``(q, y, regime values)``."""
+    rng = np.random.default_rng(seed)
+    sd = rng.choice([0.2, 1.0, 5.0], size=n)
+    y = rng.normal(0.0, sd)
+    q = np.tile([-1.0, 0.0, 1.0], (n, 1))
+    values = np.log(sd * rng.uniform(0.8, 1.25, size=n))  # an observed, noisy volatility
+    return q, y, values
+
+
+def test_regime_shifts_cover_each_volatility_regime_not_only_the_average():
+    n = 30_000
+    q, y, values = _heteroscedastic(2 * n, seed=0)
+    fit, new = slice(0, n), slice(n, None)
+    shifts = regime_shifts(q[fit, 0], q[fit, 2], y[fit], values[fit], bins=3)
+    assert len(shifts["edges"]) == 2
+    out = apply_grouped(q[new], shifts, regime_ids(shifts, values[new]), "interval")
+    inside = (y[new] >= out[:, 0]) & (y[new] <= out[:, 2])
+    pooled = apply_grouped(q[new], {"all": conformal_shifts(q[fit, 0], q[fit, 2], y[fit])},
+                           np.zeros(n, dtype=np.int64), "interval")
+    pooled_in = (y[new] >= pooled[:, 0]) & (y[new] <= pooled[:, 2])
+    # 10,000 rows a regime: binomial se sqrt(0.16 / 10,000) = 0.004 (plus the fit's, alike)
+    for level in (0.2, 1.0, 5.0):
+        sel = np.isclose(np.exp(values[new]) / level, 1.0, atol=0.3)
+        assert abs(inside[sel].mean() - 0.8) < 0.02, level
+    # a single pooled shift over-covers the quiet rows and under-covers the volatile ones
+    quiet, loud = values[new] < np.log(0.5), values[new] > np.log(3.0)
+    assert pooled_in[quiet].mean() > 0.95 and pooled_in[loud].mean() < 0.6
+
+
+def test_regime_groups_unknown_values_and_the_older_token_scheme():
+    q, y, values = _heteroscedastic(3000, seed=1)
+    values[:500] = np.nan  # e.g. the first steps of a series, before a 20-step window
+    shifts = regime_shifts(q[:, 0], q[:, 2], y, values, bins=5, window=20)
+    ids = regime_ids(shifts, values)
+    assert set(ids[:500]) == {len(shifts["edges"]) + 1}  # their own group
+    assert str(len(shifts["edges"]) + 1) in shifts  # 500 rows: enough for its own shifts
+    few = regime_shifts(q[:300, 0], q[:300, 2], y[:300], values[:300], bins=5)
+    assert few["edges"] == ()  # too few rows for bins: one group (and "all")
+    frame = pd.DataFrame({"f_u_std_w20": [0.01, np.nan], "level": [1.0, 1.0],
+                          "f_tokens_ratio": [np.nan, 1.2]})
+    assert list(row_groups(shifts, frame)) == [int(np.digitize(np.log(0.01), shifts["edges"])),
+                                               len(shifts["edges"]) + 1]
+    older = {"all": (0.0, 0.0), "0": (0.1, 0.1), "1": (0.2, 0.2)}  # no "edges": token groups
+    assert list(row_groups(older, frame)) == list(calibration_groups(frame)) == [0, 1]
+    # the volatility column: the window nearest 20 the features have, else none (NaN group)
+    assert regime_window(["f_u_std_w5", "f_u_std_w24", "f_u_std_w60", "x"]) == 24
+    assert regime_window(["f_u_std_w10", "f_u_std_w30"]) == 30
+    assert regime_window(["f_u_mean_w20"]) is None
+    unwindowed = regime_shifts(q[:, 0], q[:, 2], y, values, bins=5)
+    assert set(row_groups(unwindowed, frame)) == {len(unwindowed["edges"]) + 1}
 
 
 def test_gru_held_out_coverage(frames):
@@ -73,10 +141,17 @@ def test_gru_held_out_coverage(frames):
 
     train, held = frames
     model = SeqForecaster(epochs=6, hidden=16, seed=0).fit(train)
-    cov = _coverage(model, held)
-    assert set(cov) == {1, 5, 10}
-    for h, c in cov.items():
-        assert abs(c - 0.8) <= TOL_GRU, (h, cov)
+    assert all("edges" in s for s in model.shifts_.values())  # regime scheme
+    assert_in_band(held_out_coverage(model, held), n_cal=7)
+
+
+def test_lightgbm_held_out_coverage(frames):
+    """LightGBM as ``lgbm.py`` fits it (token groups, its validation runs calibrating too)."""
+    from bubblecast.forecast.lgbm import LGBMForecaster
+
+    train, held = frames
+    model = LGBMForecaster(n_estimators=60, seed=0).fit(train)
+    assert_in_band(held_out_coverage(model, held), n_cal=8)  # 4 validation + 4 calibration
 
 
 def test_aci_brings_a_miscalibrated_forecast_to_80_percent_online():
