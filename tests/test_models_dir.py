@@ -80,6 +80,23 @@ def test_default_model_card_matches_the_model():
         assert row in readme
 
 
+def test_default_model_records_its_coverage_on_new_runs_inside_the_band():
+    """``model.json``'s ``coverage``: p10-p90 coverage on 48 runs of new seeds (written by
+    ``benchmarks/calibration_spread.py --record-model``), inside 0.78-0.82 at every horizon;
+    its standard error over runs is stated beside it and small enough for the band to mean
+    something (the se of a reading, not a tolerance: the recorded value is deterministic)."""
+    from bubblecast.forecast.modeldir import read_model_json
+
+    cov = read_model_json(MODEL)["coverage"]
+    assert "--record-model models/default" in cov["command"]
+    lo, hi = cov["band"]
+    assert (lo, hi) == (0.78, 0.82)
+    for h in ("h1", "h5", "h10"):
+        c = cov["held_out"][h]
+        assert c["runs"] >= 40 and c["se"] < 0.015, (h, c)
+        assert lo <= c["coverage"] <= hi, (h, c)
+
+
 @pytest.fixture(scope="module")
 def features(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("features") / "sample.parquet"
