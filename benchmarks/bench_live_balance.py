@@ -3,9 +3,13 @@
 Two settings (issue 25's goals), each ``--runs`` times:
 
 - **documents**: 1 replica x 2 stages, 4 micro-batches per step, ``lognormal`` documents (at
-  most a quarter of the token budget);
+  most a quarter of the 4096-token budget, where per-document attention is a large share of a
+  micro-batch's time);
 - **slow-replica**: 2 replicas x 2 stages (4 ranks), 4 micro-batches per replica, every rank
-  of replica 1 slowed 1.5x from step ``onset`` on (``--inject replica=1,factor=1.5,...``).
+  of replica 1 slowed 1.5x from step ``onset`` on. Four ranks share this machine's 2 cores, so
+  every rank's compute ops are stretched ``DILATION`` times by sleeping after them (an emulated
+  device that much slower than the CPU): the ranks then need about one core between them, and
+  the slowed replica's sleep does not hand the healthy one extra cores.
 
 First, per setting, two static runs of the same setup are recorded (``collect``'s code path,
 healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
@@ -23,9 +27,12 @@ Per run and policy: documents/s (after the first ``warm`` steps; in slow-replica
 steps after ``settle`` more), the ratio to static; slow-replica: the share of the slowdown
 recovered, ``(t_static - t_policy) / (t_static - t_healthy)``, beside the bound the best
 integer split of the micro-batches gives when a replica's time is ``speed x (M_r + P - 1)``
-(fill and drain) -- 60% at 3|5 -- and the micro-batch counts balance ran. Plain means over runs.
+(fill and drain) -- 60% at 3|5 -- and the micro-batch counts balance ran. The static trainer's
+telemetry is also evaluated offline (``policy-eval``'s code, timed against the run's own fit):
+what the planner predicts for the same documents, the live gain's share of it, and the bound
+(every micro-batch at the step's mean cost). Plain means over runs.
 
-    python benchmarks/bench_live_balance.py [--quick] [--runs 3]
+    python benchmarks/bench_live_balance.py [--quick] [--runs 3] [--settings documents]
 
 Prints a table, writes benchmarks/results/live_balance.json (``--quick``: live_balance-quick).
 """
@@ -46,14 +53,23 @@ import numpy as np
 from bubblecast.runtime.shutdown import exit_process
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODEL = {"kind": "packed", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 512,
-         "vocab": 128}
+#: The packed GPT per setting: a 4096-token budget makes attention (per document, so
+#: ``tokens_sq``) a large share of a micro-batch's time, which is what packing can balance.
+MODELS = {"documents": {"kind": "packed", "layers": 4, "hidden": 64, "heads": 4,
+                        "seq_len": 4096, "vocab": 128},
+          "slow-replica": {"kind": "packed", "layers": 4, "hidden": 64, "heads": 4,
+                           "seq_len": 1024, "vocab": 128}}
 SETTINGS = {"documents": {"replicas": 1, "stages": 2, "microbatches": 4},
             "slow-replica": {"replicas": 2, "stages": 2, "microbatches": 4}}
-FULL = {"steps": 120, "onset": 30, "settle": 15, "warm": 10, "collect": 60}
+FULL = {"steps": 90, "onset": 24, "settle": 12, "warm": 8, "collect": 48}
 QUICK = {"steps": 48, "onset": 12, "settle": 12, "warm": 4, "collect": 40}
 POLICIES = ("static", "tokens", "balance")
 FACTOR = 1.5
+#: slow-replica runs 4 ranks on this 2-core machine: every rank's compute ops are stretched
+#: ``DILATION`` times by sleeping after them (``--inject rank=R,factor=DILATION`` on every
+#: rank: the emulated device is that much slower than this CPU), so the ranks need about one
+#: core between them and a sleeping slow replica does not hand its cores to the healthy one.
+DILATION = 4.0
 #: Relative loss difference allowed between policies (float32 sums in another order).
 LOSS_RTOL = 1e-4
 
@@ -62,13 +78,24 @@ def train_config(setting: str, steps: int, seed: int, run_id: str,
                  inject: str | None = None) -> Any:
     from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
-    return TrainConfig(model=ModelSpec(**MODEL), **SETTINGS[setting], schedule="1f1b",
-                       steps=steps, optimizer="adamw", lr=1e-3, seed=seed, run_id=run_id,
-                       inject=inject, layer_cost_every=0)
+    return TrainConfig(model=ModelSpec(**MODELS[setting]), **SETTINGS[setting],
+                       schedule="1f1b", steps=steps, optimizer="adamw", lr=1e-3, seed=seed,
+                       run_id=run_id, inject=inject, layer_cost_every=0)
+
+
+def dilation_spec(setting: str) -> str | None:
+    """Every rank stretched :data:`DILATION` times (slow-replica only)."""
+    if setting != "slow-replica":
+        return None
+    ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
+    return ";".join(f"rank={r},factor={DILATION:g}" for r in range(ranks))
 
 
 def slow_spec(onset: int) -> str:
-    return f"replica=1,factor={FACTOR},start={onset}"
+    """Replica 1 ``FACTOR`` times slower than the (dilated) others from ``onset``: the
+    stretches add, so its extra factor is ``(FACTOR - 1) x DILATION``."""
+    return f"{dilation_spec('slow-replica')};replica=1,factor={1 + (FACTOR - 1) * DILATION:g}," \
+        f"start={onset}"
 
 
 # -- the cost model: two recorded static runs of the same setup ------------------------------
@@ -84,8 +111,8 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     paths = []
     for seed in (11, 12):
         out = root / f"{setting}-collect-{seed}.parquet"
-        run_out_job(out, train_config(setting, scale["collect"], seed, f"collect-{seed}"),
-                    timeout=1800)
+        run_out_job(out, train_config(setting, scale["collect"], seed, f"collect-{seed}",
+                                      dilation_spec(setting)), timeout=1800)
         paths.append(out)
     events = Events.concat([read_events(p) for p in paths])
     model = CostModel(holdout=0.5, seed=0).fit(events)
@@ -112,6 +139,8 @@ def worker(job_dir: Path) -> None:
     for name in names:
         spec = job["runs"][name]
         config = TrainConfig.from_json(spec["config"])
+        if config.events_dir:  # recorded to a file (the offline prediction's input)
+            config = replace(config, events_dir=str(job_dir / f"{name}-parts"))
         group = dist.new_group(backend="gloo") if config.replicas == 1 else None
         trainers[name] = Trainer(config, group=group, record=spec["record"])
         if spec.get("loader"):
@@ -135,7 +164,10 @@ def worker(job_dir: Path) -> None:
                      "decisions": planner.decisions if planner is not None else [],
                      "latency_s": [d.get("latency_s") for d in planner.decisions]
                      if planner is not None else []}
-        t.packed.close()
+        if t.config.events_dir:
+            t.close(str(job_dir / f"{name}.parquet"))
+        else:
+            t.packed.close()
     if dist.get_rank() == 0:
         (job_dir / "result.json").write_text(json.dumps(out, default=float))
     dist.barrier()
@@ -151,9 +183,10 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
     for name in (*POLICIES, "loader", "unrecorded", *(("healthy",) if slow else ())):
         planner = name if name in ("tokens", "balance") else "static"
         config = train_config(setting, scale["steps"], seed, f"{setting}-{name}",
-                              None if name == "healthy" else inject)
+                              dilation_spec(setting) if name == "healthy" else inject)
         config = replace(config, planner=planner,
-                         cost_model=cost if planner == "balance" else None)
+                         cost_model=cost if planner == "balance" else None,
+                         events_dir=None if name != "static" else "PARTS")
         runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
                       "loader": name == "loader"}
     ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
@@ -163,7 +196,26 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         code = launch(job_dir, ranks, script=__file__, timeout=3600)
         if code != 0:
             sys.exit(f"benchmark failed: {failure_message(job_dir)}")
-        return json.loads((job_dir / "result.json").read_text())
+        out = json.loads((job_dir / "result.json").read_text())
+        out["offline"] = offline_prediction(job_dir / "static.parquet", cost)
+        return out
+
+
+def offline_prediction(static_run: Path, cost: str) -> dict[str, float]:
+    """What ``policy-eval`` predicts for the documents the static trainer recorded: each
+    policy's speedup over static, timed against the run's own fit (no simulator truth:
+    :mod:`bubblecast.policy.work_truth`), ``balance`` with the benchmark's cost model, and
+    ``bound``: static over the step with every micro-batch at the step's mean cost (no packing
+    does better with the loader's counts)."""
+    from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
+    from bubblecast.telemetry import read_events
+
+    names = ["static", "tokens", "balance", "oracle"]
+    result, _ = evaluate_events(read_events(static_run), names, EvalConfig(cost_model=cost))
+    rows = result["policies"]
+    out = {n: float(rows[n]["speedup_vs_static"]) for n in names}
+    out["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
+    return out
 
 
 # -- figures -------------------------------------------------------------------------------
@@ -182,6 +234,8 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     slow = setting == "slow-replica"
     lo = scale["onset"] + scale["settle"] if slow else scale["warm"]
     out: dict[str, Any] = {}
+    raw = dict(raw)
+    offline = raw.pop("offline")
     ref = raw["static"]["losses"]
     for name, r in raw.items():
         losses = r["losses"]
@@ -205,6 +259,12 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     base = out["static"]
     for r in out.values():
         r["ratio"] = r["samples_s"] / base["samples_s"]
+    out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
+                         for n in ("static", "balance", *(("healthy",) if slow else ()))}
+    out["offline_speedup"] = offline
+    predicted = offline["balance"] - 1.0
+    out["gain_share_of_offline"] = (out["balance"]["ratio"] - 1.0) / predicted \
+        if predicted > 0 else None
     out["overhead_pct_planner"] = 100.0 * (out["loader"]["step_s"] / base["step_s"] - 1.0)
     out["overhead_pct_recording"] = 100.0 * (base["step_s"] / out["unrecorded"]["step_s"] - 1.0)
     # paired per step (interleaved steps share the machine's load): robust to load spikes
@@ -232,8 +292,9 @@ def main() -> None:
     scale = QUICK if args.quick else FULL
     from _results import run_header, write_json
 
-    doc: dict[str, Any] = run_header("live_balance", model=MODEL, scale=scale,
-                                     factor=FACTOR, runs=args.runs, settings={})
+    doc: dict[str, Any] = run_header("live_balance", models=MODELS, scale=scale,
+                                     factor=FACTOR, dilation=DILATION, runs=args.runs,
+                                     settings={})
     with tempfile.TemporaryDirectory(prefix="bench-live-balance-cost-") as tmp:
         for setting in args.settings.split(","):
             print(f"{setting}: recording two static runs for the cost model ...",
@@ -245,7 +306,8 @@ def main() -> None:
                       flush=True)
                 runs.append(summarise_run(setting, run_interleaved(setting, scale, 100 + k,
                                                                    cost), scale))
-            names = [n for n in runs[0] if isinstance(runs[0][n], dict)]
+            names = [n for n in runs[0] if isinstance(runs[0][n], dict)
+                     and n not in ("offline_speedup", "per_step_s")]
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
                          "decision_ms")}
@@ -254,7 +316,13 @@ def main() -> None:
                      "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
                                                            for r in runs])),
                      "overhead_pct_recording": float(np.mean([r["overhead_pct_recording"]
-                                                             for r in runs]))}
+                                                             for r in runs])),
+                     "offline_speedup": {n: float(np.mean([r["offline_speedup"][n]
+                                                           for r in runs]))
+                                         for n in runs[0]["offline_speedup"]},
+                     "gain_share_of_offline": mean_of([{"x": {"v": r["gain_share_of_offline"]}}
+                                                       for r in runs], ("x", "v")),
+                     "balance_ratio_per_run": [r["balance"]["ratio"] for r in runs]}
             if setting == "slow-replica":
                 entry["bound"] = split_bound(SETTINGS[setting]["microbatches"],
                                              SETTINGS[setting]["stages"], FACTOR)
@@ -271,6 +339,13 @@ def main() -> None:
                       f"{m['ratio_paired_median']:>9.3f}{rec:>10}{dec:>11}")
             print(f"planner overhead {entry['overhead_pct_planner']:+.2f}% (loader plan vs "
                   f"static), recording {entry['overhead_pct_recording']:+.2f}%")
+            off = entry["offline_speedup"]
+            share = entry["gain_share_of_offline"]
+            print("offline policy-eval on the static trainer's documents (mean): " + ", ".join(
+                f"{n} {v:.3f}x" for n, v in off.items()) + "; live balance gain / predicted: "
+                + ("-" if share is None else f"{share:.2f}"))
+            print("balance x static per run: " + ", ".join(
+                f"{v:.3f}" for v in entry["balance_ratio_per_run"]))
             if "bound" in entry:
                 b = entry["bound"]
                 print(f"bound: best integer split {b['split']} recovers {b['recovery']:.0%}")

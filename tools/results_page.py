@@ -104,6 +104,9 @@ ABOUT = {
              "older one.", "Reading"),
     "peers": ("bubblecast beside its peers on the same work: features against mlforecast, "
               "`whatif` and `simulate` end to end against bare imports.", None),
+    "live_balance": ("Planning each step's packed documents live on a real CPU pipeline "
+                     "(the packed GPT): static, tokens and balance interleaved in one launch; "
+                     "documents only, and one slow replica.", "Work balancing, live"),
     "balance": ("Planning each step's packed documents (packing, order, micro-batches per "
                 "replica) on simulated runs: static, token balancing, the learned cost model "
                 "and the oracle; a slow replica; outlier delay; decision time.",
@@ -112,7 +115,8 @@ ABOUT = {
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "serve", "live", "fleet", "read")
+         "forecast", "policy", "guard", "balance", "live_balance", "serve", "live", "fleet",
+         "read")
 
 
 @dataclass(frozen=True)
@@ -668,6 +672,38 @@ def r_balance(doc: dict) -> list[str]:
     return lines + table(["speeds", "median ms", "p90 ms"], rows)
 
 
+def r_live_balance(doc: dict) -> list[str]:
+    models = "; ".join(f"{k}: {facts(v.items())}" for k, v in doc["models"].items())
+    lines = [f"Packed GPT per setting ({models}); {doc['runs']} runs, each one launch with "
+             f"the policies' trainers interleaved step by step (plain means over runs); "
+             f"slow-replica: every rank's compute stretched {doc['dilation']:g}x by sleeping "
+             f"(4 ranks on 2 cores), replica 1 a further {doc['factor']:g}x from step "
+             f"{doc['scale']['onset']}.", ""]
+    for setting, s in doc["settings"].items():
+        cm = s["cost_model_heldout"]
+        lines += [f"**{setting}** (cost model: {cm.get('learner')}, p90 relative error on a "
+                  f"held-out live run {fmt(cm.get('p90_rel_error'), '.3f')})", ""]
+        rows = [(n, fmt(m["samples_s"], ".1f"), fmt(m["ratio"], ".3f") + "x",
+                 fmt(m["ratio_paired_median"], ".3f"), fmt(m["recovery"], ".2f"),
+                 fmt(m["decision_ms"], ".2f")) for n, m in s["mean"].items()]
+        lines += table(["trainer", "documents/s", "vs static", "per-step median vs static",
+                        "recovery", "plan ms"], rows)
+        off = s["offline_speedup"]
+        lines += [f"balance vs static per run: {fmt(s['balance_ratio_per_run'], '.3f')}. "
+                  "Offline `policy-eval` on the static trainer's recorded documents: "
+                  + ", ".join(f"{n} {fmt(v, '.3f')}x" for n, v in off.items())
+                  + f"; live balance gain over predicted: "
+                  f"{fmt(s['gain_share_of_offline'], '.2f')}. Planner overhead (the loader's "
+                  f"own plan through the live planner, A/B against static): "
+                  f"{s['overhead_pct_planner']:+.2f}%; recording: "
+                  f"{s['overhead_pct_recording']:+.2f}%.", ""]
+        if "bound" in s:
+            b = s["bound"]
+            lines += [f"Bound: the best integer split {b['split']} recovers "
+                      f"{b['recovery']:.0%} when a replica takes speed x (M + P - 1).", ""]
+    return lines
+
+
 def r_peers(doc: dict) -> list[str]:
     f, c = doc["features"], doc["commands"]
     m = f["median_s"]
@@ -702,7 +738,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
     "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
-    "peers": r_peers,
+    "peers": r_peers, "live_balance": r_live_balance,
 }
 
 
@@ -857,6 +893,17 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("balance.json", "Per-step work planning on packed documents over the data loader's "
         "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
         "replicas, simulated)", balance)
+    def live_balance(d: dict) -> str:
+        doc_, slow = d["settings"]["documents"], d["settings"]["slow-replica"]
+        m, ms, bound = doc_["mean"], slow["mean"], doc_["offline_speedup"]["bound"]
+        return (f"documents: balance {m['balance']['ratio']:.3f}x, tokens "
+                f"{m['tokens']['ratio']:.3f}x (offline bound {bound:.3f}x); "
+                f"slow replica: balance recovers {ms['balance']['recovery']:.0%} (integer-split "
+                f"bound {slow['bound']['recovery']:.0%})")
+
+    add("live_balance.json", "Per-step work planning live on the packed GPT, 2 CPU stages x 4 "
+        "micro-batches (documents: 1 replica; slow replica: 2 replicas, one 1.5x slower)",
+        live_balance)
     add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
