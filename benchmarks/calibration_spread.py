@@ -116,8 +116,8 @@ def makers(epochs: int) -> dict[str, Any]:
 
 
 def coverage(model: Any, held: pd.DataFrame, by: str | None = None) -> dict[str, Any]:
-    """Per horizon: p10-p90 coverage of ``held``'s rows, its standard error over runs and the
-    number of runs; with ``by``, also per value of that column."""
+    """Per horizon: p10-p90 coverage of ``held``'s rows (``"all"``), its standard error over
+    runs and the number of runs; with ``by``, also per value of that column."""
     pred = model.predict_signal(held, list(HORIZONS))
     out: dict[str, Any] = {}
     for h in HORIZONS:
@@ -126,7 +126,8 @@ def coverage(model: Any, held: pd.DataFrame, by: str | None = None) -> dict[str,
         inside = (y >= pred[h][:, 0]) & (y <= pred[h][:, 2])
         rows = pd.DataFrame({"run": held["run_id"].astype(str), "in": inside,
                              "group": held[by].astype(str) if by else "all"})[ok]
-        for group, part in rows.groupby("group"):
+        parts = [("all", rows)] + (list(rows.groupby("group")) if by else [])
+        for group, part in parts:
             per_run = part.groupby("run")["in"].mean()
             out.setdefault(str(group), {})[f"h{h}"] = {
                 "coverage": float(part["in"].mean()),
@@ -215,7 +216,7 @@ def record_model(directory: str, seed: int, runs: int, steps: int) -> dict[str, 
     held = build_dataset(Events.concat(parts), model.dataset_config_ or DatasetConfig())[0]
     held["scenario"] = held["run_id"].astype(str).str.rsplit("-", n=1).str[0]
     cov = coverage(model, held, by="scenario")
-    whole = coverage(model, held)["all"]
+    whole = cov.pop("all")
     doc = {"held_out": whole, "per_scenario": cov, "band": list(BAND),
            "scenario_band": list(SCENARIO_BAND),
            "runs": f"{runs} runs of {steps} steps per scenario (1F1B, 4 stages, 8 "
