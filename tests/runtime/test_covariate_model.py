@@ -144,7 +144,7 @@ def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, An
     """A forecast rise on a rank still below its slowdown temperature is announced (the guard
     cannot score a change not yet seen); at the slowdown temperature it is not."""
     from bubblecast.runtime.control.control_config import ControllerConfig
-    from bubblecast.runtime.control.decide import LEARNED_RISE, Decider
+    from bubblecast.runtime.control.decide import Decider
     from bubblecast.runtime.control.observe import pack
     from bubblecast.runtime.plan import check_plan
 
@@ -160,7 +160,7 @@ def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, An
 
         def rising(window: Window, hz: list[int]) -> np.ndarray:
             q = np.ones((2, len(hz), 3))
-            q[1, -1] = 1.0 + 3 * LEARNED_RISE  # rank 1 forecast to slow down
+            q[1, -1] = 1.3  # rank 1 forecast to slow down 30% at the farthest horizon
             return q
 
         model.predict_window = rising
@@ -174,6 +174,26 @@ def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, An
         return decider.decide(plan, 99, None)[1]
 
     hot = decided(80.0)
-    assert hot["learned_lead"] == {"1": pytest.approx(1.0 + 3 * LEARNED_RISE)}
+    assert hot["learned_lead"] == {"1": pytest.approx(1.3)}
     assert "learned lead" in hot["reason"]
     assert "learned_lead" not in decided(85.0)  # throttling: the speeds tell now
+
+
+def test_the_learned_lead_holds_until_the_slowdown_shows() -> None:
+    from bubblecast.runtime.control.learned_lead import LearnedLead
+
+    lead = LearnedLead()
+    hz = [1, 5, 10, 20]
+    q = np.ones((2, 4, 3))
+    q[1, :, :] = np.array([1.0, 1.1, 1.2, 1.4])[:, None] * [0.9, 1.0, 1.1]
+    flat = np.ones(2, dtype=bool)
+    assert lead.update(80, [1.0, 1.0], flat, q, hz) == {1: pytest.approx(1.4)}
+    # the device throttles (no longer below), the speed not yet slower: the lead holds
+    assert set(lead.update(100, [1.0, 1.1], ~flat)) == {1} and lead.onset == 80
+    f = lead.forecaster(np.array([1.0, 1.1])).forecast(None, np.array([1, 10, 15, 100]))
+    assert np.allclose(f[:, 0], 1.0)  # an unannounced rank: its recent speed
+    assert np.allclose(f[:, 1, 1], 1.1 * np.array([1.0, 1.2, 1.3, 1.4]))  # the model's path
+    assert lead.update(110, [1.0, 1.35], ~flat) == {}  # shown: 0.8 of the rise reached
+    lead.update(120, [1.0, 1.0], flat, q, hz)
+    assert lead.update(120 + lead.hold_steps + 1, [1.0, 1.0], ~flat) == {}  # never came
+    assert LearnedLead().update(0, [1.0, 1.0], ~flat, q, hz) == {}  # throttling: no lead

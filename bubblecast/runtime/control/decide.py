@@ -10,10 +10,11 @@ cost) and asks, depending on the configuration:
   import path so that runtime never imports serve (:class:`ExternalDecider`).
 
 A trained model that reads device-metric covariates (:mod:`.covariate_model`) is the *learned
-lead*: while it forecasts a rank's slowdown that has not begun (the rank is below the slowdown
-temperature it reports), the decision is taken as with the thermal lead of :mod:`.lead`, the
-forecast guard's error check off and move timing on, since the guard's record cannot score a
-change not yet seen; otherwise the policy decides as with any model.
+lead* (:mod:`.learned_lead`): from when it forecasts a rank's slowdown that has not begun (the
+rank is below the slowdown temperature it reports) until the slowdown shows in the speeds, the
+decision is taken as with the thermal lead of :mod:`.lead`, the forecast guard's error check
+off and move timing on, since the guard's record cannot score a change not yet seen, on the
+lead's forecast; otherwise the policy decides as with any model.
 
 Either way the answer is the policy's :class:`~bubblecast.policy.decision.Decision`, recorded
 as it is. A forecaster that is slow, down or raises yields a decision to keep the plan saying
@@ -41,6 +42,7 @@ from bubblecast.runtime.control.forecasters import (
     ModelSpeeds,
     load_forecaster,
 )
+from bubblecast.runtime.control.learned_lead import LearnedLead
 from bubblecast.runtime.control.observe import (
     History,
     RawHistoryForecaster,
@@ -51,9 +53,6 @@ from bubblecast.runtime.control.observe import (
     window_speed,
 )
 
-#: The forecast rise (farthest horizon over nearest) at which a covariate model announces a
-#: rank's slowdown (:meth:`Decider._learned_lead`).
-LEARNED_RISE = 0.1
 #: Predictive-policy knobs an external decider is sent.
 SERVICE_PARAMS = ("horizon", "risk", "margin", "min_gain", "hold", "min_history")
 Pending = list[tuple[int, tuple[int, ...], int]]  # (step, partition, micro-batches) per step
@@ -101,7 +100,7 @@ class Decider:
         self._raw: np.ndarray | None = None
         self._temps: dict[int, np.ndarray] = {}  # step -> the ranks' temperatures
         self._slowdown: np.ndarray | None = None  # the ranks' slowdown temperatures
-        self._learned_onset: int | None = None  # first step a covariate model announced one
+        self.learned = LearnedLead()  # a covariate model's announced slowdowns
         self.lead = None
         if c.policy == "predictive" and c.thermal_lead:
             from bubblecast.runtime.control.lead import ThermalLead
@@ -250,7 +249,7 @@ class Decider:
                 state = self._lead_state(state, min(self.lead.onset.values(), default=None))
             decision = self._decide_leading(state) if leading else self.policy.decide(state)
         elif isinstance(inner, ModelSpeeds) and isinstance(inner.model, CovariateModel):
-            decision = self._ask_learned(inner, state, facts)
+            decision = self._ask_learned(inner, state, recent, facts)
             if inner.model.missing:  # their covariates were NaN (covariate_model docstring)
                 facts["device_metrics_missing"] = inner.model.missing
         else:
@@ -265,39 +264,27 @@ class Decider:
             facts["guard"] = report()
         return decision, facts
 
-    def _ask_learned(self, inner: ModelSpeeds, state: Any, facts: dict[str, Any]) -> Decision:
-        """The decision with a covariate model: while it announces a slowdown
-        (:meth:`_learned_lead`), as with the thermal lead (:meth:`_decide_leading`), else the
+    def _ask_learned(self, inner: ModelSpeeds, state: Any, recent: np.ndarray,
+                     facts: dict[str, Any]) -> Decision:
+        """The decision with a covariate model: while its lead holds (:mod:`.learned_lead`),
+        as with the thermal lead (:meth:`_decide_leading`) on the lead's forecast, else the
         policy's own, forecast guard included."""
-        announced = self._learned_lead(inner)
+        lead = self.learned
+        below = np.zeros(self.history.stages, dtype=bool)
+        if self._slowdown is not None and self._temps:
+            now = self._temps[max(self._temps)]
+            below = np.isfinite(now) & np.isfinite(self._slowdown) & \
+                (now < self._slowdown - 0.5)
+        q, hz = None, None
+        if below.any():  # a throttle not yet begun can be announced: ask the model
+            hz = sorted(int(h) for h in inner.model.horizons)
+            q = inner.model.predict_window(inner.window, hz)  # (P, H, 3) delay quantiles
+        announced = lead.update(int(self.history.steps[-1]), recent, below, q, hz)
         if not announced:
-            self._learned_onset = None
             return self.runner(self.policy.decide, state)
-        if self._learned_onset is None:
-            self._learned_onset = int(self.history.steps[-1])
         facts["learned_lead"] = {str(r): round(x, 3) for r, x in announced.items()}
-        return self.runner(self._decide_leading, self._lead_state(state, self._learned_onset),
-                           "learned lead")
-
-    def _learned_lead(self, inner: ModelSpeeds) -> dict[int, float]:
-        """Ranks whose slowdown the covariate model announces, and the rise it forecasts: its
-        median delay at its farthest horizon over that at its nearest, at least
-        ``1 + LEARNED_RISE``, on a rank whose temperature is still below the slowdown
-        temperature it reports. A lead is a forecast of a throttle not yet begun: once the
-        device holds its slowdown temperature (or on a rank that reports neither), the speeds
-        show what happens and the forecast guard judges the model as any forecast."""
-        if self._slowdown is None or not self._temps:
-            return {}
-        now = self._temps[max(self._temps)]
-        below = np.isfinite(now) & np.isfinite(self._slowdown) & (now < self._slowdown - 0.5)
-        if not below.any():
-            return {}
-        model = inner.model
-        hz = sorted(int(h) for h in model.horizons)
-        q = model.predict_window(inner.window, hz)  # (P, H, 3) delay quantiles
-        rise = q[:, -1, 1] / np.maximum(q[:, 0, 1], 1e-300)
-        return {r: float(x) for r, x in enumerate(rise)
-                if r < len(below) and below[r] and x >= 1 + LEARNED_RISE}
+        return self.runner(self._decide_leading, self._lead_state(state, lead.onset),
+                           "learned lead", lead.forecaster(recent))
 
     def _lead_state(self, state: Any, onset: int | None) -> Any:
         """``state`` with no last move when that move came before the lead's ``onset``: the
@@ -307,7 +294,8 @@ class Decider:
         moved = int(self.history.steps[-1]) - (state.t - state.last_action)
         return replace(state, last_action=None) if moved < onset else state
 
-    def _decide_leading(self, state: Any, what: str = "thermal lead") -> Decision:
+    def _decide_leading(self, state: Any, what: str = "thermal lead",
+                        forecaster: Any = None) -> Decision:
         """The policy's decision with the forecast guard's error check and its persistence
         test off, and with move timing on: a throttle the temperature announces has not shown
         in the speeds the guard scores forecasts on, nor lasted any steps yet (a thermal
@@ -321,6 +309,8 @@ class Decider:
         flags = [(guard, k, False) for k in ("enabled", "persistence") if hasattr(guard, k)]
         if hasattr(self.policy, "timing"):
             flags.append((self.policy, "timing", True))
+        if forecaster is not None:  # the lead's own forecast (learned lead)
+            flags.append((self.policy, "forecaster", forecaster))
         saved = [(obj, k, getattr(obj, k)) for obj, k, _ in flags]
         for obj, k, v in flags:
             setattr(obj, k, v)
