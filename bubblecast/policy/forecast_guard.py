@@ -16,9 +16,9 @@ the first decisions of a run) backtests past origins from the state's own histor
 forecaster is asked at a past origin with the history cut there (:func:`backtestable` says
 which forecasters allow it; a forecaster reading other inputs is scored online only).
 
-A forecast-driven move is also made only when ``confirm`` decisions in a row agree on it,
-and vetoed while the model's errors on the last few steps are far above the naive forecast's
-(a sudden false alarm).
+A forecast-driven move is also made only when ``confirm`` decisions in a row agree on it (they
+take layers from the same stages), and vetoed while the model's errors on the last few steps
+are far above the naive forecast's (a sudden false alarm).
 
 :func:`payback_plan`: how many steps a move's saving may be counted over. Never past the
 run's end when the policy knows it, and (``persistence``) a move that answers one rank's
@@ -26,7 +26,11 @@ slowdown must pay back its migration *and the move back* within as many steps as
 been slow so far: no forecaster sees when a fail-slow ends, and under a scale-free prior of
 durations (the simulator's failslow draws them log-uniform) a slowdown seen for ``a`` steps
 ends within the next ``a`` about as often as not. This keeps short events from costing two
-migrations for a few steps of gain.
+migrations for a few steps of gain. A slowdown that a trusted forecast shows still growing
+(a device heating up, a ramp) has no end in sight: the age is extended by as far ahead as
+the forecast shows it growing, up to the longest horizon the guard checks forecasts at.
+Without that no forecast could move before a developing slowdown had been observed for long,
+and a model that sees one coming could never act on its lead.
 
 :class:`MoveBudget`: at most ``max_moves`` moves in any ``per_steps`` consecutive steps, whatever
 the policy wants (no thrashing). Both are configured by :class:`GuardConfig`.
@@ -55,14 +59,16 @@ class GuardConfig:
     ``backtest``: most past origins forecast from the state's own history per decision when
     they are missing from the record; ``max_moves`` moves per ``per_steps`` steps at most
     (``max_moves`` 0: no budget); ``confirm``: a forecast-driven move is made only when the
-    same target comes out of that many forecast-driven decisions in a row (one odd forecast
+    same stages lose layers in that many forecast-driven decisions in a row (one odd forecast
     moves nothing); ``recent`` / ``recent_factor``: a veto while the model's mean
     error on the targets of the last ``recent`` steps exceeds ``recent_factor`` x the
     naive one there (or its window median, if larger): a sudden false alarm is caught at
     once; ``enabled``: False turns the error check off (the budget stays); ``persistence``:
     a move answering a rank forecast more than ``slow_level`` slower than the mean must pay
     back, the move back included, within the trailing steps in which that rank was observed
-    that much slower (:func:`payback_plan`).
+    that much slower (:func:`payback_plan`), plus, with ``forecast_lead``, the steps over
+    which the trusted forecast shows that slowdown still growing, up to the longest check
+    horizon (:func:`forecast_lead`).
     """
 
     window: int = 48
@@ -80,6 +86,7 @@ class GuardConfig:
     persistence: bool = True
     slow_level: float = 0.02
     observed: int = 3
+    forecast_lead: bool = True
 
     def __post_init__(self) -> None:
         self.horizons = tuple(int(h) for h in self.horizons)
@@ -151,11 +158,32 @@ def payback_plan(config: GuardConfig, history: np.ndarray, plan: np.ndarray, gri
     if persistence and config.persistence and slowed:
         back = True
         age = slowdown_age(history, slow, 1.0 + config.slow_level)
-        if age < n:
-            n = age
-            notes.append(f"rank {slow} slow for {age} steps so far")
+        ahead = forecast_lead(config, history, plan, grid, slow) if config.forecast_lead else 0
+        if age + ahead < n:
+            n = age + ahead
+            notes.append(f"rank {slow} slow for {age} steps so far"
+                         + (f" and {ahead} forecast" if ahead else ""))
     start = np.asarray(grid, dtype=np.float64) - weight
     return np.clip(n - start, 0.0, weight), back, "; ".join(notes)
+
+
+def forecast_lead(config: GuardConfig, history: np.ndarray, plan: np.ndarray, grid: np.ndarray,
+                  rank: int) -> int:
+    """Steps ahead, up to the longest check horizon (the farthest the guard scores forecasts
+    at), over which the trusted forecast ``plan`` (``(H, P)`` at the horizon ``grid``) shows
+    ``rank``'s slowdown still growing: slower against the ranks' mean there than in the last
+    ``config.observed`` steps of ``history`` by more than ``slow_level``. 0 otherwise: a
+    forecast that holds a slowdown where it is says nothing of when it ends."""
+    p = np.asarray(plan, dtype=np.float64)
+    reach = np.flatnonzero(np.asarray(grid) <= max(config.horizons))
+    h = np.asarray(history, dtype=np.float64)[-max(config.observed, 1):]
+    if len(reach) == 0 or len(h) == 0:
+        return 0
+    i = int(reach[-1])
+    now = np.median(h, axis=0)
+    ahead = p[i, rank] / max(p[i].mean(), 1e-300)
+    seen = now[rank] / max(now.mean(), 1e-300)
+    return int(grid[i]) if ahead > (1.0 + config.slow_level) * seen else 0
 
 
 def observed_plan(config: GuardConfig, history: np.ndarray, points: int) -> np.ndarray | None:
@@ -206,7 +234,7 @@ class ForecastGuard:
     decisions: int = 0
     fallback_decisions: int = 0
     last: GuardStatus | None = None
-    streak: tuple[Any, int] = (None, 0)  # the last move's direction, decisions in a row
+    streak: tuple[Any, int] = (None, 0)  # the last move's losing stages, decisions in a row
 
     def reset(self) -> None:
         self.record.clear()
@@ -222,12 +250,14 @@ class ForecastGuard:
     def confirmed(self, decision: Decision, current: tuple[int, ...], observed: bool = False
                   ) -> Decision:
         """``decision`` if the previous ``confirm - 1`` decisions (forecast-driven, in a row:
-        holding or falling back ends a streak) also moved layers the same way (which stages
-        gain and which lose; the amount may grow with the forecast), else a keep saying so.
+        holding or falling back ends a streak) also moved layers away from the same stages
+        (the diagnosis: which stages are too slow), else a keep saying so. Which stages take
+        the layers, and how many move, may change as a forecast slowdown grows: a ramp moves
+        the best target every few steps, and a streak keyed on it would restart each time.
         A policy's first decision (the service builds one per request) has nothing to
         confirm with: the backtest and the veto still apply."""
         action = decision.action
-        target = tuple(int(x) for x in np.sign(np.subtract(action.partition, current))) \
+        target = tuple(int(s) for s in np.flatnonzero(np.subtract(action.partition, current) < 0)) \
             if isinstance(action, Repartition) else None
         run = self.streak[1] + 1 if target is not None and target == self.streak[0] else 1
         self.streak = (target, run)

@@ -202,9 +202,12 @@ def model_dataset_config(model: Any, horizons: list[int]) -> Any:
 
 
 def model_forecaster(model: Any, events: Any, run_id: str, steps: np.ndarray,
-                     unit: np.ndarray, fallback: Any = None) -> ModelSpeeds:
+                     unit: np.ndarray, fallback: Any = None, metrics: Any = None
+                     ) -> ModelSpeeds:
     """Precompute ``model``'s forecasts for every origin of one run (offline
     :class:`ModelSpeeds`; ``fallback`` defaults to the built-in trend forecaster).
+    ``metrics``: the run's ``device_metrics`` rows, for a model trained with covariates
+    (features are built as for training; None: none).
 
     ``steps`` are the run's step numbers in order and ``unit`` the ``(T, D, P)`` observed
     per-rank speeds the policy works in; the model's delay signal is rescaled to that unit by
@@ -218,7 +221,7 @@ def model_forecaster(model: Any, events: Any, run_id: str, steps: np.ndarray,
     config = model_dataset_config(model, horizons)
     try:
         frame, _ = build_dataset(events.run(run_id) if len(events.run_ids) > 1 else events,
-                                 config)
+                                 config, metrics=metrics)
         pred = model.predict(frame, horizons)
     except (BubblecastError, ValueError, KeyError) as exc:
         raise BubblecastError(f"run '{run_id}': cannot forecast with the model: {exc}") from None

@@ -8,6 +8,7 @@ import pytest
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
+from bubblecast.policy.decision import Decision
 from bubblecast.policy.forecast_guard import ForecastGuard, GuardConfig, MoveBudget
 from bubblecast.policy.forecasting import TrendForecaster
 from bubblecast.policy.policies import PredictivePolicy
@@ -182,9 +183,15 @@ def test_payback_plan_stops_at_the_run_end_and_at_the_slowdown_age():
     assert slowdown_age(hist, 0, 1.02) == 0
     plan = np.ones((len(hz), 4))
     plan[:, 1] = 1.8
-    cfg = GuardConfig()
+    cfg = GuardConfig(forecast_lead=False)
     w, back, note = payback_plan(cfg, hist, plan, hz, weight, None)
     assert w.sum() == 7 and back and "7 steps" in note  # the median remaining life: its age
+    w, _, _ = payback_plan(GuardConfig(), hist, plan, hz, weight, None)
+    assert w.sum() == 7  # a forecast holding the slowdown where it is: no lead from it
+    growing = plan.copy()
+    growing[:, 1] = 2.2  # forecast to grow beyond the observed 1.8
+    w, back, note = payback_plan(GuardConfig(), hist, growing, hz, weight, None)
+    assert w.sum() == 7 + 16 and back and "16 forecast" in note  # up to the check horizon
     w, back, _ = payback_plan(cfg, hist, plan, hz, weight, 3)
     assert w.sum() == 3  # never past the run's end
     w, back, _ = payback_plan(cfg, hist, plan, hz, weight, None, persistence=False)
@@ -215,3 +222,19 @@ def test_a_short_expensive_failslow_costs_nothing():
     trace = run_policy(run, PredictivePolicy(forecaster=TrendForecaster()), migration)
     assert trace.step_s.mean() <= base * 1.005
     assert not trace.decisions
+
+
+def test_confirmation_follows_the_slow_stage_not_the_exact_target():
+    """A slowdown that grows moves the best target every few steps (which stage takes the
+    layer, how many move): the streak counts decisions that take layers from the same stages."""
+    guard = ForecastGuard(GuardConfig(confirm=3))
+    current = (8, 8, 8, 8)
+
+    def move(target: tuple[int, ...]) -> Decision:
+        return Decision(Repartition(target), 1.0, 0.9, 0.1, "forecast")
+
+    guard.decisions = 5  # not a first decision
+    assert not guard.confirmed(move((9, 7, 8, 8)), current).acts
+    assert not guard.confirmed(move((8, 7, 9, 8)), current).acts  # stage 1 loses again: 2 of 3
+    assert guard.confirmed(move((9, 6, 9, 8)), current).acts  # and again: confirmed
+    assert not guard.confirmed(move((8, 8, 9, 7)), current).acts  # stage 3 now: a new streak
