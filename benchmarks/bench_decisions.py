@@ -216,6 +216,21 @@ def print_table(results: dict[str, Any]) -> None:
                   f"{'met' if s['met'] else 'NOT met'}")
 
 
+def headline(results: dict[str, Any]) -> dict[str, Any]:
+    """Top-level scalars for the results page: per setup and family the two oracle shares,
+    and the goals met."""
+    out: dict[str, Any] = {}
+    met = []
+    for name, res in results.items():
+        for family, f in res["families"].items():
+            s = f["summary"]
+            out[f"{name} {family} oracle share trend"] = s["trend"]
+            out[f"{name} {family} oracle share lgbm"] = s["lgbm"]
+            met.append(s["met"])
+    out["goals met"] = f"{sum(met)} of {len(met)}"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -247,7 +262,7 @@ def main() -> None:
                         horizons=list(HORIZONS), trees=args.trees, train_seed_base=TRAIN_BASE,
                         test_seed_base=TEST_BASE, thermal_margin=THERMAL_MARGIN,
                         setups={n: vars(SETUPS[n]) for n in setups}),
-           "results": results, "wall_s": time.perf_counter() - t0}
+           **headline(results), "results": results, "wall_s": time.perf_counter() - t0}
     default = Path(tempfile.gettempdir()) / "decisions-quick.json" if args.quick \
         else RESULTS / "decisions.json"
     write_json(args.out or default, doc)

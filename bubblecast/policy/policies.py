@@ -141,7 +141,10 @@ class PredictivePolicy(Policy):
     ``clock``, when set before a decision, is the absolute step index of the state's last history
     row (history drops old rows live). ``timing``: also choose *when* to move, for forecasts
     that ramp in (a thermal lead's): :func:`~bubblecast.policy.viterbi.first_move` over
-    decisions ``decide_every`` steps apart (live: the controller's period).
+    decisions ``decide_every`` steps apart (live: the controller's period). ``neighbours``: also
+    score the one-layer shifts of the solver's best split with the engine, offline as live (the
+    solver ranks splits by their bottleneck stage; for a moderate slowdown the engine-fastest
+    one can be a shift away: a thermal run's (8, 9, 7, 8) against (9, 8, 7, 8)).
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -157,6 +160,7 @@ class PredictivePolicy(Policy):
     clock: int | None = field(default=None, repr=False)
     timing: bool = False
     decide_every: int = 1
+    neighbours: bool = True
 
     def __post_init__(self) -> None:
         if self.horizon < 1 or not 0.0 <= self.risk <= 1.0 or self.margin < 0:
@@ -257,8 +261,8 @@ class PredictivePolicy(Policy):
             return Decision.keep(f"no feasible partition: {exc}")
         if opt > now * (1.0 - self.min_gain):  # cheap screen before the engine
             return Decision.keep("forecast shows no imbalance worth a move")
-        found = candidates(prob, current=current, move_bytes=state.move_bytes,
-                           tables=tables, bottleneck=opt, neighbours=state.neighbours)
+        found = candidates(prob, current=current, move_bytes=state.move_bytes, tables=tables,
+                           bottleneck=opt, neighbours=self.neighbours or state.neighbours)
         options = [current] + [p for p in found if p != current]
         step, _ = state.predicted_step(options, plan)  # (K, H)
         return self._judge(state, options, step, plan)
@@ -277,7 +281,12 @@ class PredictivePolicy(Policy):
         if weight.sum() <= 0:
             return Decision.keep(f"no step to pay a move back in ({capped})", **keep)
         total_time = step @ weight  # predicted seconds over the payback horizon
-        best = int(np.argmin(total_time))
+        # The target is the fastest over the whole horizon (to the run's end): the slowdown as
+        # forecast, not as far as the payback test may count it (that cut favours the small
+        # move that pays now over the layout the slowdown needs, and no second move follows).
+        reach = payback_plan(self.guard, state.history, plan, self._hz, self._weight, left,
+                             persistence=False)[0]
+        best = int(np.argmin(step @ reach))
         if best == 0:
             return Decision.keep("current partition is predicted fastest", **keep)
         if self.timing:  # migrations cost (1 + margin) x their seconds, as paid below
