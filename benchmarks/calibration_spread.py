@@ -49,6 +49,7 @@ from bubblecast.forecast.conformal import (  # noqa: E402
     apply_grouped,
     frame_regimes,
     regime_shifts,
+    regime_window,
     row_groups,
 )
 from bubblecast.forecast.suite import SuiteConfig, suite_events  # noqa: E402
@@ -87,12 +88,13 @@ class RegimeLGBM:
         cal = frame.loc[masks["cal"]].reset_index(drop=True)
         # 75% / 25% of the fit runs: train / early stopping (cal_fraction=0: no third share)
         self.model = LGBMForecaster(val_fraction=0.25, cal_fraction=0.0, seed=self.seed).fit(fit)
-        regimes = frame_regimes(cal)
+        window = regime_window(cal.columns)
+        regimes = frame_regimes(cal, window)
         self.shifts = {}
         for h in self.model.horizons_:
             q = self._raw(cal, h)
             self.shifts[h] = regime_shifts(q[:, 0], q[:, 2], log_target(cal, h, "level"),
-                                           regimes, self.model.coverage)
+                                           regimes, self.model.coverage, window=window)
         self.horizons_ = self.model.horizons_
         return self
 
