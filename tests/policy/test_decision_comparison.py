@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_decisions as bd  # noqa: E402
 
 #: The paired per-run difference lgbm - trend of the oracle share has a standard deviation of
-#: 0.024 over the six held-out failslow-ramped runs of the sample setup in
-#: ``python benchmarks/bench_decisions.py`` (-0.045 to +0.030, most within 0.003): the mean of
-#: this test's three scored runs has a standard error of 0.014, and the tolerance is two of
-#: them. A model that loses a few points on every run fails.
+#: 0.020 over the six held-out failslow-ramped runs of the sample setup in
+#: ``python benchmarks/bench_decisions.py`` (results/decisions.json: -0.044 to +0.008, four
+#: within 0.004): the mean of this test's three scored runs has a standard error of 0.011, and
+#: the tolerance is about 2.6 of them. A model that loses a few points on every run fails.
 TOLERANCE = 0.03
 STEPS = 200
 
