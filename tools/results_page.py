@@ -904,6 +904,15 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("live_balance.json", "Per-step work planning live on the packed GPT, 2 CPU stages x 4 "
         "micro-batches (documents: 1 replica; slow replica: 2 replicas, one 1.5x slower)",
         live_balance)
+    def learned(d: dict) -> str:
+        g = d["goals"]
+        return (f"first move {', '.join(str(x) for x in g['lead_steps'])} steps before reactive; "
+                f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']}); "
+                f"{g['share_mean']:.2f} of the scripted run's gain; plain ramp "
+                f"{g['plain_gap_pct']:+.2f}% vs reactive")
+
+    add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
+        f"covariates, held-out fault ({d['inject']}; 2 CPU stages)", learned)
     add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
