@@ -208,12 +208,14 @@ def print_table(results: dict[str, Any]) -> None:
             def cell(v: float | None) -> str:
                 return "-" if v is None else f"{v:.3f}"
 
-            diff = "-" if s["lgbm_minus_trend"] is None else \
-                f"{s['lgbm_minus_trend']:+.3f}+-{s['diff_se'] or 0:.3f}"
+            se = "" if s["diff_se"] is None else f"+-{s['diff_se']:.3f}"
+            diff = "-" if s["lgbm_minus_trend"] is None else f"{s['lgbm_minus_trend']:+.3f}{se}"
+            verdict = "met" if s["met"] else "no run to score" if not s["scored_runs"] \
+                else "NOT met"
             print(f"{name:7} {family:16} {s['scored_runs']:>2}/{s['runs']:<2} "
                   f"{s['oracle_gain_mean']:7.2%} {cell(s['reactive']):>8} {cell(s['trend']):>7} "
                   f"{cell(s['lgbm']):>7} {diff:>11} {'>=' + format(s['margin'], '+.2f'):>6} "
-                  f"{'met' if s['met'] else 'NOT met'}")
+                  f"{verdict}")
 
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:
