@@ -21,6 +21,7 @@ A metric's rows belong to a series through the events' (run, replica, stage) -> 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -86,41 +87,34 @@ def _scheduled_upto(step: np.ndarray, every: int, first: int) -> np.ndarray:
     return np.where(step >= first, (step - first) // every + 1, 0)
 
 
-def covariate_features(frame: pd.DataFrame, metrics: pd.DataFrame | None, ranks: pd.DataFrame,
-                       runs: dict[str, Any], config: DatasetConfig) -> dict[str, np.ndarray]:
-    """Covariate columns for the rows of ``frame`` (keys run_id, replica, stage, step)."""
-    from bubblecast.telemetry.metrics import is_known_future
-
-    keys = frame[["run_id", "replica", "stage", "step"]].assign(
-        run_id=frame["run_id"].astype(str)).merge(ranks, how="left",
-                                                  on=["run_id", "replica", "stage"])
-    base = keys[["run_id", "rank"]].assign(rank=keys["rank"].fillna(-1).astype(np.int64))
-    step = keys["step"].to_numpy(dtype=np.int64)
+def _metric_columns(name: str, ahead: bool, asof: Callable[[int], np.ndarray],
+                    peer: Callable[[np.ndarray], np.ndarray],
+                    config: DatasetConfig) -> dict[str, np.ndarray]:
+    """The feature definitions of one device metric (module docstring), whoever reads it:
+    ``asof(k)`` is each row's last sample at or before its origin step plus ``k`` (NaN:
+    none), ``peer(now)`` each row's median of ``now`` over its run's rows at the same step."""
+    now = asof(0)
     out: dict[str, np.ndarray] = {}
-    if metrics is not None and not metrics.empty:
-        table = metrics.assign(run_id=metrics["run_id"].astype(str),
-                               rank=metrics["rank"].astype(np.int64))
-        table = table.groupby(["run_id", "rank", "metric", "step"], as_index=False)["value"] \
-            .mean()
-        for metric, part in table.groupby("metric", sort=True):
-            name, part = _slug(str(metric)), part[["run_id", "rank", "step", "value"]]
-            now = _asof(base.assign(at=step), part)
-            if is_known_future(str(metric)):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    for h in config.horizons:
-                        out[f"x{h}_cov_{name}_ratio"] = _asof(base.assign(at=step + h),
-                                                              part) / now
-                continue
-            out[f"f_cov_{name}"] = now
-            for w in config.windows[:2]:
-                out[f"f_cov_{name}_d{w}"] = now - _asof(base.assign(at=step - w), part)
-            peer = pd.Series(now).groupby([keys["run_id"].to_numpy(), step]).transform("median")
-            out[f"f_cov_{name}_peer"] = now - peer.to_numpy()
+    if ahead:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for h in config.horizons:
+                out[f"x{h}_cov_{name}_ratio"] = asof(h) / now
+        return out
+    out[f"f_cov_{name}"] = now
+    for w in config.windows[:2]:
+        out[f"f_cov_{name}_d{w}"] = now - asof(-w)
+    out[f"f_cov_{name}_peer"] = now - peer(now)
+    return out
+
+
+def _calendar_columns(step: np.ndarray, run_of: np.ndarray, runs: dict[str, Any],
+                      config: DatasetConfig) -> dict[str, np.ndarray]:
+    """The calendar features (module docstring) of rows at ``step`` of runs ``run_of``."""
+    out: dict[str, np.ndarray] = {}
     kinds = sorted({k for meta in runs.values() for k in _calendar(meta)})
-    run_of = keys["run_id"].to_numpy()
     for kind in kinds:
-        every = np.zeros(len(keys), dtype=np.int64)
-        first = np.zeros(len(keys), dtype=np.int64)
+        every = np.zeros(len(step), dtype=np.int64)
+        first = np.zeros(len(step), dtype=np.int64)
         for run_id, meta in runs.items():
             cal = _calendar(meta).get(kind)
             if cal is not None:
@@ -134,7 +128,43 @@ def covariate_features(frame: pd.DataFrame, metrics: pd.DataFrame | None, ranks:
             within = _scheduled_upto(target, safe, first) - _scheduled_upto(step, safe, first)
             out[f"x{h}_cal_{kind}_due"] = np.where(has, due, np.nan)
             out[f"x{h}_cal_{kind}_within"] = np.where(has, within > 0, np.nan)
+    return out
+
+
+def covariate_features(frame: pd.DataFrame, metrics: pd.DataFrame | None, ranks: pd.DataFrame,
+                       runs: dict[str, Any], config: DatasetConfig) -> dict[str, np.ndarray]:
+    """Covariate columns for the rows of ``frame`` (keys run_id, replica, stage, step)."""
+    from bubblecast.telemetry.metrics import is_known_future
+
+    keys = frame[["run_id", "replica", "stage", "step"]].assign(
+        run_id=frame["run_id"].astype(str)).merge(ranks, how="left",
+                                                  on=["run_id", "replica", "stage"])
+    base = keys[["run_id", "rank"]].assign(rank=keys["rank"].fillna(-1).astype(np.int64))
+    step = keys["step"].to_numpy(dtype=np.int64)
+    run_of = keys["run_id"].to_numpy()
+    out: dict[str, np.ndarray] = {}
+
+    def peer(now: np.ndarray) -> np.ndarray:
+        return pd.Series(now).groupby([run_of, step]).transform("median").to_numpy()
+
+    if metrics is not None and not metrics.empty:
+        for metric, part in _grouped(metrics).groupby("metric", sort=True):
+            part = part[["run_id", "rank", "step", "value"]]
+
+            def asof(k: int, part: pd.DataFrame = part) -> np.ndarray:
+                return _asof(base.assign(at=step + k), part)
+
+            out.update(_metric_columns(_slug(str(metric)), is_known_future(str(metric)), asof,
+                                       peer, config))
+    out.update(_calendar_columns(step, run_of, runs, config))
     return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def _grouped(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Metric rows, one per (run_id, rank, metric, step): the mean of its samples."""
+    table = metrics.assign(run_id=metrics["run_id"].astype(str),
+                           rank=metrics["rank"].astype(np.int64))
+    return table.groupby(["run_id", "rank", "metric", "step"], as_index=False)["value"].mean()
 
 
 def add_covariates(frame: pd.DataFrame, events: Any, metrics: pd.DataFrame | None,
@@ -199,23 +229,92 @@ def metric_features(frame: pd.DataFrame, events_frame: pd.DataFrame, metrics: pd
     return out
 
 
+def _median_by_row(now: np.ndarray) -> float:
+    """The median of the finite values of ``now`` as the dataset's grouped median takes it
+    (NaN skipped; an even count: the mean of the two middle values; none: NaN)."""
+    v = np.sort(now[~np.isnan(now)])
+    n = len(v)
+    if n == 0:
+        return np.nan
+    return float(v[n // 2]) if n % 2 else float((v[n // 2 - 1] + v[n // 2]) / 2)
+
+
+def series_covariates(series: Mapping[str, np.ndarray], step: int, config: DatasetConfig,
+                      meta: Any = None, first_step: int = 0,
+                      sampled: Mapping[str, np.ndarray] | None = None,
+                      stages: int | None = None) -> dict[str, np.ndarray]:
+    """The covariate features of one pipeline replica at origin ``step`` from dense arrays:
+    ``{column: (P,) float32}``, the features :func:`covariate_features` gives the dataset's
+    rows for the same samples (the same definitions, read by array index, no frames).
+
+    ``series``: ``{metric: (T, P) values}``, row ``i`` the samples at step ``first_step + i``,
+    column ``s`` stage ``s``'s rank; a sample is a finite value, or where ``sampled`` (same
+    keys and shapes) is given, a True there (its value may be NaN, as a metric row's may).
+    Observed metrics are read at rows up to ``step`` only, known-future ones up to
+    ``step + max(horizons)``; rows beyond the arrays have no sample. ``meta``: run metadata
+    with a ``calendar``, if any; ``stages``: P where ``series`` is empty (calendar only).
+    """
+    from bubblecast.telemetry.metrics import is_known_future
+
+    out: dict[str, np.ndarray] = {}
+    for metric in sorted(series):
+        values = np.asarray(series[metric], dtype=np.float64)
+        has = ~np.isnan(values) if sampled is None else np.asarray(sampled[metric], dtype=bool)
+        rows = np.arange(values.shape[0])[:, None]
+        last = np.maximum.accumulate(np.where(has, rows, -1), axis=0) if len(values) else None
+        cols = np.arange(values.shape[1])
+
+        def asof(k: int, values: np.ndarray = values, last: Any = last,
+                 cols: np.ndarray = cols) -> np.ndarray:
+            at = step + k - first_step
+            if at < 0 or last is None:
+                return np.full(values.shape[1], np.nan)
+            i = last[min(at, len(last) - 1)]
+            return np.where(i >= 0, values[np.maximum(i, 0), cols], np.nan)
+
+        def peer(now: np.ndarray) -> np.ndarray:
+            return np.full(len(now), _median_by_row(now))
+
+        out.update(_metric_columns(_slug(metric), is_known_future(metric), asof, peer, config))
+    if stages is None:
+        stages = next(iter(series.values())).shape[1] if series else 0
+    if meta is not None and stages:
+        out.update(_calendar_columns(np.full(stages, int(step), dtype=np.int64),
+                                     np.full(stages, "live", dtype=object), {"live": meta},
+                                     config))
+    return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+
 def origin_covariates(metrics: pd.DataFrame, ranks: list[int] | np.ndarray, step: int,
                       config: DatasetConfig, meta: Any = None) -> dict[str, np.ndarray]:
     """The covariate features of one pipeline replica at origin ``step``, as the dataset
     builds them: ``{column: (P,) float32}``, stage ``s`` read from rank ``ranks[s]``.
 
-    For live callers (the runtime controller, the prediction service). ``metrics``: device
+    For live callers (the prediction service, the runtime controller). ``metrics``: device
     metric rows (``step``, ``rank``, ``metric``, ``value``; a ``run_id`` column is ignored) up
     to ``step`` for observed metrics and up to ``step + max(horizons)`` for known-future ones
     (:func:`bubblecast.telemetry.metrics.is_known_future`); ``meta``: the run's metadata when
-    it has a ``calendar``. Same code as :func:`add_covariates`, so the features equal the
-    training rows' for the same metrics.
+    it has a ``calendar``. The rows become dense arrays (one row per step, samples of a step
+    averaged as the dataset does) for :func:`series_covariates`.
     """
     ranks = [int(r) for r in ranks]
-    stages = np.arange(len(ranks), dtype=np.int64)
-    keys = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages,
-                         "step": np.full(len(ranks), int(step), dtype=np.int64)})
-    rank_table = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages, "rank": ranks})
-    rows = metrics[["step", "rank", "metric", "value"]].assign(run_id="live")
-    runs = {"live": meta} if meta is not None else {}
-    return covariate_features(keys, rows, rank_table, runs, config)
+    horizon = max(config.horizons, default=0)
+    rows = metrics[["step", "rank", "metric", "value"]]
+    rows = rows[rows["step"] <= int(step) + horizon]  # later rows are never read
+    if rows.empty:
+        return series_covariates({}, step, config, meta, stages=len(ranks))
+    table = _grouped(rows.assign(run_id="live"))
+    lo = int(table["step"].min())
+    size = int(table["step"].max()) - lo + 1
+    values: dict[str, np.ndarray] = {}
+    sampled: dict[str, np.ndarray] = {}
+    for metric, part in table.groupby("metric", sort=True):
+        v = np.full((size, len(ranks)), np.nan)
+        m = np.zeros((size, len(ranks)), dtype=bool)
+        at = part["step"].to_numpy(np.int64) - lo
+        for s, r in enumerate(ranks):
+            mine = part["rank"].to_numpy() == r
+            v[at[mine], s] = part["value"].to_numpy(np.float64)[mine]
+            m[at[mine], s] = True
+        values[str(metric)], sampled[str(metric)] = v, m
+    return series_covariates(values, step, config, meta, first_step=lo, sampled=sampled)

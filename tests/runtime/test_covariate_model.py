@@ -60,19 +60,26 @@ def _temps(metrics: pd.DataFrame, run_id: str, upto: int) -> np.ndarray:
     return out
 
 
+def _capture(served: CovariateModel) -> list[pd.DataFrame]:
+    """The input rows of each fast-path forecast from now on (its ``predict_matrix`` X as a
+    frame of the columns it names)."""
+    seen: list[pd.DataFrame] = []
+    inner = served.forecaster.predict_matrix
+
+    def capture(X: np.ndarray, hz: list[int]) -> np.ndarray:
+        seen.append(pd.DataFrame(X, columns=served.forecaster.matrix_columns(hz)))
+        return inner(X, hz)
+
+    served.forecaster.predict_matrix = capture
+    return seen
+
+
 def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
     served = load_with_covariates(trained["model"])
     assert isinstance(served, CovariateModel) and served.fast  # numpy rows agree on probes
     assert served.covariates and all(c.startswith("f_cov_temperature_c")
                                      for c in served.covariates)
-    seen: list[pd.DataFrame] = []
-    inner = served.forecaster.predict_signal
-
-    def capture(rows: pd.DataFrame, hz: list[int]) -> dict[int, np.ndarray]:
-        seen.append(rows.copy())
-        return inner(rows, hz)
-
-    served.forecaster.predict_signal = capture
+    seen = _capture(served)
     feats = trained["features"]
     run = str(feats["run_id"].iloc[0])
     rows = feats[feats["run_id"].astype(str) == run]
@@ -93,9 +100,7 @@ def test_live_covariates_equal_the_datasets(trained: dict[str, Any]) -> None:
 def test_a_metric_no_rank_reports_is_nan_and_named(trained: dict[str, Any]) -> None:
     """As the dataset gives a rank without the metric: the model was trained on such rows."""
     served = load_with_covariates(trained["model"])
-    seen: list[pd.DataFrame] = []
-    inner = served.forecaster.predict_signal
-    served.forecaster.predict_signal = lambda rows, hz: seen.append(rows) or inner(rows, hz)
+    seen = _capture(served)
     q = served.predict_window(_window(100), [1])
     assert np.isfinite(q).all() and served.missing == ["temperature_c"]
     assert seen[-1][served.covariates].isna().all().all()
@@ -133,7 +138,7 @@ def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str
     _, record = decider.decide(plan, 119, None)
     model = decider.forecaster.inner.model  # type: ignore[union-attr]
     assert isinstance(model, CovariateModel) and "speed_plan" in record, record["reason"]
-    got = model.device
+    got = model.device.frame()
     t = got[got["metric"] == "temperature_c"].pivot(index="step", columns="rank",
                                                      values="value")
     np.testing.assert_array_equal(t.to_numpy(), temps[:120])  # window rows = steps 0..119

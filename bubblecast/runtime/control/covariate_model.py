@@ -5,18 +5,22 @@ series, covariate columns computed from the ``device_metrics`` side table (``f_c
 :mod:`bubblecast.dataset.covariates`). The controller has those metrics too: every rank's
 temperature per step and its slowdown temperature travel with the gathered compute
 (:mod:`.observe`). :class:`CovariateModel` answers the served-model protocol
-(:class:`bubblecast.forecast.served.ForecastModel`: ``predict_window``) for such a model as
-the service's :class:`bubblecast.dataset.online_frame.WithCovariates` does: the step-series
-features of the window from the served model's builder
-(:meth:`bubblecast.forecast.served.FeatureModel.origin_rows`), the covariates at the origin
-from the dataset's own code (:func:`bubblecast.dataset.covariates.origin_covariates`), so
-both equal what the model was trained on for the same telemetry. Set :attr:`device` (device
-metric rows with the window's step numbering, rank = stage: :func:`device_frame`) before each
-forecast. Unlike a request to the service, a live run may lack a metric on every rank (a
-plain slowdown, a CPU without sensors): a metric no rank reports gives NaN covariates, as the
-dataset gives a rank without it (the model was trained on such rows: a thermal fault's healthy
-peers report no temperature); :attr:`CovariateModel.missing` names it and the decision records
-it.
+(:class:`bubblecast.forecast.served.ForecastModel`: ``predict_window``) for such a model as the
+service's :class:`bubblecast.dataset.online_frame.WithCovariates` does, from numpy alone: the
+step-series features of the window (:func:`bubblecast.dataset.online.origin_matrix`, what the
+served fast path computes) and the covariates at the origin from the dataset's own feature
+definitions read off dense arrays (:func:`bubblecast.dataset.covariates.series_covariates`),
+fed to the forecaster's ``predict_matrix`` (else its ``predict_signal`` on a column view). When
+the model loads, this path's forecasts are checked against the exact one's on probe windows
+(the served model's pandas origin rows and the dataset builder's
+:func:`~bubblecast.dataset.covariates.covariate_features` on the same device metrics); where
+they differ, the exact path is served and a warning logged. Set :attr:`device` (a
+:class:`DeviceSeries`: per metric, a ``(T, P)`` array by window row and stage,
+:func:`device_frame`) before each forecast. Unlike a request to the service, a live run may
+lack a metric on every rank (a plain slowdown, a CPU without sensors): a metric no rank reports
+gives NaN covariates, as the dataset gives a rank without it (the model was trained on such
+rows: a thermal fault's healthy peers report no temperature); :attr:`CovariateModel.missing`
+names it and the decision records it.
 """
 
 from __future__ import annotations
@@ -72,27 +76,20 @@ class CovariateModel:
                                   f"({lacking[first][0]}), which the controller does not "
                                   f"gather (it gathers {', '.join(GATHERED)})")
         #: device-metric rows in the window's step numbering (:func:`device_frame`)
-        self.device: pd.DataFrame | None = None
+        self.device: DeviceSeries | None = None
         #: device metrics the model reads that no rank reported at the last forecast: their
         #: covariates were NaN, as the dataset's for a rank without the metric
         self.missing: list[str] = []
         self._memo: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
+        self._plans: dict[tuple[Any, ...], np.ndarray] = {}
         self.fast = False
         self.fast = self._fast_agrees()
 
-    def fast_rows(self, window: Window, horizons: list[int]) -> pd.DataFrame:
-        """The origin rows' step-series features from numpy
-        (:func:`bubblecast.dataset.online.origin_features`, what the served fast path
-        computes), one row per stage."""
-        from bubblecast.dataset.online import origin_features
-
-        cols = origin_features(window, self.config, horizons)
-        return pd.DataFrame({k: np.asarray(v) for k, v in cols.items()})
-
     def _fast_agrees(self) -> bool:
-        """Whether the numpy rows give the exact (pandas) path's forecasts on probe windows
-        (noise, drift, spikes, a repartition) with heating temperatures; else the exact path
-        is kept and a warning logged."""
+        """Whether the numpy path (origin matrix, array covariates, ``predict_matrix``) gives
+        the exact (pandas) path's forecasts on probe windows (noise, drift, spikes, a
+        repartition) with heating temperatures; else the exact path is kept and a warning
+        logged."""
         import logging
 
         from bubblecast.forecast.served import probe_window
@@ -123,33 +120,84 @@ class CovariateModel:
         return self._forecast(window, [int(h) for h in horizons], self.fast)
 
     def _forecast(self, window: Window, hz: list[int], fast: bool) -> np.ndarray:
-        from bubblecast.dataset.covariates import missing_inputs, origin_covariates
+        from bubblecast.dataset.covariates import covariate_input, series_covariates
 
         cut = max(0, window.steps - max(KEEP, 2 * self.min_window))
         device = self.device if self.device is not None else device_frame(
             np.full((0, window.stages), np.nan), None)
-        seen = device[(device["step"] >= cut) & (device["step"] <= window.steps - 1)]
-        seen = seen.assign(step=seen["step"] - cut)
-        key = (window.steps, cut, tuple(hz), fast, len(seen), float(seen["value"].sum()),
+        seen = {m: v[cut:window.steps] for m, v in device.values.items()}
+        key = (window.steps, cut, tuple(hz), fast,
+               tuple((m, hash(v.tobytes())) for m, v in sorted(seen.items())),
                float(np.nansum(window.compute[cut:])))
         if key in self._memo:
             self._memo.move_to_end(key)
             return self._memo[key].copy()
         if cut:
             window = window_tail(window, cut)
-        self.missing = sorted(missing_inputs(self.covariates, seen))
-        rows = self.fast_rows(window, hz) if fast else self.base.origin_rows(window, hz)
-        cov = origin_covariates(seen, np.arange(window.stages), window.steps - 1, self.config)
+        present = {m for m, v in seen.items() if np.isfinite(v).any()}
+        self.missing = sorted({covariate_input(c) for c in self.covariates} - present)
+        origin = window.steps - 1
+        if fast:
+            cov = series_covariates(seen, origin, self.config, stages=window.stages)
+            out = self._predict_fast(window, hz, cov)
+        else:
+            out = self._predict_exact(window, hz, DeviceSeries(seen).frame(), origin)
+        self._memo[key] = out
+        while len(self._memo) > MEMO:
+            self._memo.popitem(last=False)
+        return out.copy()
+
+    def _predict_fast(self, window: Window, hz: list[int], cov: dict[str, np.ndarray]
+                      ) -> np.ndarray:
+        """The forecast from the numpy origin matrix and covariates: by the forecaster's
+        ``predict_matrix`` when it has one, else its ``predict_signal`` on a column view."""
+        from bubblecast.dataset.online import origin_matrix
+        from bubblecast.dataset.online_frame import ColumnFrame
+
+        names, matrix, level = origin_matrix(window, self.config, hz)
+        nan = np.full(window.stages, np.nan, dtype=np.float32)
+        extra = [c for c in self.covariates if c not in set(names)]
+        names = names + extra
+        matrix = np.concatenate([matrix, np.stack([cov.get(c, nan) for c in extra])]) \
+            if extra else matrix
+        if hasattr(self.forecaster, "predict_matrix"):
+            full = np.empty((len(names) + 2, window.stages))
+            full[:-2], full[-2], full[-1] = matrix, level, np.nan
+            X = full[self._plan(names, hz)].T
+            return np.asarray(self.forecaster.predict_matrix(X, hz), dtype=np.float64)
+        preds = self.forecaster.predict_signal(ColumnFrame(names, matrix, level), hz)
+        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
+
+    def _plan(self, names: list[str], hz: list[int]) -> np.ndarray:
+        """Rows of ``[names; level; NaN]`` in the forecaster's ``matrix_columns(hz)`` order
+        (the NaN row for a column not computed), cached per names and horizons."""
+        key = (tuple(names), tuple(hz))
+        plan = self._plans.get(key)
+        if plan is None:
+            where = {n: i for i, n in enumerate(names)}
+            where["level"] = len(names)
+            cols = self.forecaster.matrix_columns(hz)
+            plan = np.array([where.get(c, len(names) + 1) for c in cols], dtype=np.intp)
+            self._plans[key] = plan
+        return plan
+
+    def _predict_exact(self, window: Window, hz: list[int], rows_of: pd.DataFrame,
+                       origin: int) -> np.ndarray:
+        """The forecast from the served model's pandas origin rows and the dataset's own
+        covariate code on the device rows (what the fast path is checked against)."""
+        from bubblecast.dataset.covariates import covariate_features
+
+        rows = self.base.origin_rows(window, hz)
+        stages = np.arange(window.stages)
+        keys = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages, "step": origin})
+        ranks = keys[["run_id", "replica", "stage"]].assign(rank=stages)
+        cov = covariate_features(keys, rows_of.assign(run_id="live"), ranks, {}, self.config)
         nan = np.full(len(rows), np.nan, dtype=np.float32)
         extra = pd.DataFrame({c: np.asarray(cov.get(c, nan), dtype=np.float32)
                               for c in self.covariates}, index=rows.index)
         rows = pd.concat([rows.drop(columns=self.covariates, errors="ignore"), extra], axis=1)
         preds = self.forecaster.predict_signal(rows, hz)
-        out = np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
-        self._memo[key] = out
-        while len(self._memo) > MEMO:
-            self._memo.popitem(last=False)
-        return out.copy()
+        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
 
 
 def window_tail(window: Window, start: int) -> Window:
@@ -163,18 +211,35 @@ def window_tail(window: Window, start: int) -> Window:
                    tokens=cut(window.tokens), layers=cut(window.layers))
 
 
-def device_frame(temps: np.ndarray, slowdown: np.ndarray | None) -> pd.DataFrame:
-    """Device-metric rows in a window's numbering: ``temps`` ``(T, P)`` at window rows
-    ``0..T-1`` (NaN: none), ``slowdown`` ``(P,)`` reported from row 0 (NaN: none)."""
-    row, rank = np.nonzero(np.isfinite(temps))
-    parts = [pd.DataFrame({"step": row.astype(np.int64), "rank": rank.astype(np.int64),
-                           "metric": GATHERED[0], "value": temps[row, rank]})]
+class DeviceSeries:
+    """Device metrics in a window's numbering as dense arrays: ``values[metric]`` ``(T, P)``,
+    row ``i`` the window's row ``i``, column the stage (NaN: no sample)."""
+
+    def __init__(self, values: dict[str, np.ndarray]) -> None:
+        self.values = values
+
+    def frame(self) -> pd.DataFrame:
+        """The samples as device-metric rows (``step``, ``rank``, ``metric``, ``value``)."""
+        parts = [pd.DataFrame({"step": [], "rank": [], "metric": [], "value": []})
+                 .astype({"step": np.int64, "rank": np.int64, "value": np.float64})]
+        for metric, v in self.values.items():
+            row, rank = np.nonzero(np.isfinite(v))
+            parts.append(pd.DataFrame({"step": row.astype(np.int64),
+                                       "rank": rank.astype(np.int64), "metric": metric,
+                                       "value": v[row, rank]}))
+        return pd.concat(parts, ignore_index=True)
+
+
+def device_frame(temps: np.ndarray, slowdown: np.ndarray | None) -> DeviceSeries:
+    """The gathered device metrics in a window's numbering: ``temps`` ``(T, P)`` at window rows
+    ``0..T-1`` (NaN: none), ``slowdown`` ``(P,)`` reported at row 0 (NaN: none)."""
+    temps = np.asarray(temps, dtype=np.float64)
+    values = {GATHERED[0]: temps}
     if slowdown is not None:
-        ok = np.flatnonzero(np.isfinite(slowdown))
-        parts.append(pd.DataFrame({"step": np.zeros(len(ok), dtype=np.int64),
-                                   "rank": ok.astype(np.int64), "metric": GATHERED[1],
-                                   "value": slowdown[ok]}))
-    return pd.concat(parts, ignore_index=True)
+        rows = np.full((max(len(temps), 1), temps.shape[1]), np.nan)
+        rows[0] = slowdown
+        values[GATHERED[1]] = rows
+    return DeviceSeries(values)
 
 
 def load_with_covariates(uri: str) -> Any:
@@ -188,5 +253,5 @@ def load_with_covariates(uri: str) -> Any:
     return obj
 
 
-__all__ = ["GATHERED", "CovariateModel", "covariate_columns_of", "device_frame",
+__all__ = ["GATHERED", "CovariateModel", "DeviceSeries", "covariate_columns_of", "device_frame",
            "load_with_covariates"]
