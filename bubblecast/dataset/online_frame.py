@@ -109,8 +109,24 @@ class FastFeatures:
         need = cls.needed(forecaster)
         return bool(need) and need <= set(origin_matrix(probe, cfg, hz)[0])
 
-    def rows(self, window: Window, horizons: Sequence[int]) -> Any:
+    def _origin(self, window: Window, horizons: Sequence[int],
+                extra: dict[str, np.ndarray] | None) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """:func:`origin_matrix` with the ``extra`` columns it lacks appended as rows."""
         names, matrix, level = origin_matrix(window, self.cfg, horizons)
+        if extra:
+            have = set(names)
+            more = [c for c in extra if c not in have]
+            if more:
+                names = names + more
+                matrix = np.concatenate([matrix, np.stack(
+                    [np.asarray(extra[c], dtype=matrix.dtype) for c in more])])
+        return names, matrix, level
+
+    def rows(self, window: Window, horizons: Sequence[int],
+             extra: dict[str, np.ndarray] | None = None) -> Any:
+        """The origin rows (a :class:`ColumnFrame` or a pandas frame), with ``extra``
+        ``{column: (P,) values}`` added (covariates the origin matrix does not compute)."""
+        names, matrix, level = self._origin(window, horizons, extra)
         if self.light:
             return ColumnFrame(names, matrix, level)
         import pandas as pd
@@ -131,16 +147,20 @@ class FastFeatures:
             self._plans[horizons] = plan
         return plan
 
-    def predict(self, window: Window, horizons: Sequence[int]) -> np.ndarray:
+    def predict(self, window: Window, horizons: Sequence[int],
+                extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """``(P, H, 3)`` forecasts from the origin rows, ``extra`` columns added
+        (:meth:`rows`)."""
         if self.mode == "matrix":
-            names, matrix, level = origin_matrix(window, self.cfg, horizons)
+            names, matrix, level = self._origin(window, horizons, extra)
             full = np.empty((matrix.shape[0] + 2, matrix.shape[1]))
             full[:-2] = matrix
             full[-2] = level
             full[-1] = np.nan
             X = full[self._plan(names, tuple(int(h) for h in horizons))].T
             return np.asarray(self._predict_matrix(X, list(horizons)), dtype=np.float64)
-        preds = self.forecaster.predict_signal(self.rows(window, horizons), list(horizons))
+        preds = self.forecaster.predict_signal(self.rows(window, horizons, extra),
+                                               list(horizons))
         return np.stack([np.asarray(preds[h], dtype=np.float64) for h in horizons], axis=1)
 
 
@@ -157,11 +177,16 @@ class WithCovariates:
     covariates at the window's last step come from
     :func:`bubblecast.dataset.covariates.origin_covariates` (the dataset's code), so a window
     cut at an earlier origin (the forecast guard's backtests) reads no later metric.
+    ``fill``: a covariate column the model reads that ``metrics`` cannot give (a metric no rank
+    reports) is NaN, as the dataset gives a rank without the metric (the runtime controller:
+    it names such metrics itself); False (the service: it refuses such a request first), it
+    is left out.
     """
 
     def __init__(self, model: Any, metrics: Any, ranks: Sequence[int], first_step: int = 0,
-                 meta: Any = None) -> None:
+                 meta: Any = None, fill: bool = False) -> None:
         self.model = model
+        self.fill = fill
         self.metrics = metrics
         self.ranks = [int(r) for r in ranks]
         self.first_step = int(first_step)
@@ -186,6 +211,12 @@ class WithCovariates:
                                        self.meta)
         import pandas as pd
 
+        if self.fill:
+            from bubblecast.dataset.covariates import covariate_columns
+
+            nan = np.full(len(rows), np.nan, dtype=np.float32)
+            for col in covariate_columns(sorted(model_columns(self.model.forecaster))):
+                covariates.setdefault(col, nan)
         new = {k: v for k, v in covariates.items() if k not in rows.columns}
         rows = pd.concat([rows, pd.DataFrame(new, index=rows.index)], axis=1)
         preds = self.model.forecaster.predict_signal(rows, hz)

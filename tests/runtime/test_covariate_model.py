@@ -61,16 +61,15 @@ def _temps(metrics: pd.DataFrame, run_id: str, upto: int) -> np.ndarray:
 
 
 def _capture(served: CovariateModel) -> list[pd.DataFrame]:
-    """The input rows of each fast-path forecast from now on (its ``predict_matrix`` X as a
-    frame of the columns it names)."""
+    """The covariate columns each fast-path forecast adds to its origin rows from now on."""
     seen: list[pd.DataFrame] = []
-    inner = served.forecaster.predict_matrix
+    inner = served.fast_features.predict
 
-    def capture(X: np.ndarray, hz: list[int]) -> np.ndarray:
-        seen.append(pd.DataFrame(X, columns=served.forecaster.matrix_columns(hz)))
-        return inner(X, hz)
+    def capture(window: Window, hz: list[int], extra: dict[str, np.ndarray]) -> np.ndarray:
+        seen.append(pd.DataFrame(extra))
+        return inner(window, hz, extra)
 
-    served.forecaster.predict_matrix = capture
+    served.fast_features.predict = capture  # type: ignore[method-assign]
     return seen
 
 

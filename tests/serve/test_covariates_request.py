@@ -12,6 +12,7 @@ import pytest
 
 from bubblecast.dataset import DatasetConfig, build_dataset
 from bubblecast.dataset.covariates import covariate_columns, origin_covariates
+from bubblecast.errors import BubblecastError
 from bubblecast.forecast.served import FeatureModel, ModelInfo
 from bubblecast.serve.app import create_app
 from bubblecast.serve.inputs import forecast_window
@@ -161,3 +162,37 @@ def test_a_cut_window_reads_no_later_metric_and_steps_may_be_absolute(served):
     shifted = metrics.assign(step=metrics["step"] + 1000)
     np.testing.assert_array_equal(
         WithCovariates(model, shifted, ranks, first_step=1000).predict_window(head, HZ), base)
+
+
+def test_fill_gives_nan_covariates_for_a_metric_no_rank_reports(served):
+    """``fill``: the controller's choice for a metric no rank reports: NaN covariates, the
+    forecast of rows where that metric's samples are NaN; without it the columns are left
+    out and the model refuses the rows."""
+    from dataclasses import replace
+
+    from bubblecast.dataset.online_frame import WithCovariates
+    from bubblecast.serve.inputs import request_window
+
+    model, metrics = served["model"], served["metrics"]
+    req = ForecastRequest.model_validate(_request(served, metrics))
+    index, window = request_window(req)
+    ranks = [req.ranks[i].rank for i in index.tolist()]
+    head = replace(window, compute=window.compute[:60], cost=window.cost[:60])
+    power = metrics["metric"] == "power_w"
+    seen: list[pd.DataFrame] = []
+    inner = model.forecaster.predict_signal
+    model.forecaster.predict_signal = lambda rows, hz: seen.append(rows) or inner(rows, hz)
+    try:
+        filled = WithCovariates(model, metrics[~power], ranks, fill=True).predict_window(head,
+                                                                                         HZ)
+        cols = [c for c in seen[-1].columns if "_cov_power_w" in c]
+        assert cols and seen[-1][cols].isna().all().all()
+        assert seen[-1][[c for c in seen[-1].columns if "_cov_temperature" in c]].notna().any(
+        ).all()
+    finally:
+        model.forecaster.predict_signal = inner
+    blank = metrics.assign(value=np.where(power, np.nan, metrics["value"]))
+    np.testing.assert_array_equal(filled, WithCovariates(model, blank, ranks).predict_window(
+        head, HZ))
+    with pytest.raises(BubblecastError, match="power_w"):
+        WithCovariates(model, metrics[~power], ranks).predict_window(head, HZ)

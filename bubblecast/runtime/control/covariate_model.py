@@ -12,8 +12,8 @@ served fast path computes) and the covariates at the origin from the dataset's o
 definitions read off dense arrays (:func:`bubblecast.dataset.covariates.series_covariates`),
 fed to the forecaster's ``predict_matrix`` (else its ``predict_signal`` on a column view). When
 the model loads, this path's forecasts are checked against the exact one's on probe windows
-(the served model's pandas origin rows and the dataset builder's
-:func:`~bubblecast.dataset.covariates.covariate_features` on the same device metrics); where
+(the served model's pandas origin rows and the covariates of the same device metrics as rows,
+as the service computes them: :class:`~bubblecast.dataset.online_frame.WithCovariates`); where
 they differ, the exact path is served and a warning logged. Set :attr:`device` (a
 :class:`DeviceSeries`: per metric, a ``(T, P)`` array by window row and stage,
 :func:`device_frame`) before each forecast. Unlike a request to the service, a live run may
@@ -75,13 +75,18 @@ class CovariateModel:
             raise BubblecastError(f"--model: the model reads device metric '{first}' "
                                   f"({lacking[first][0]}), which the controller does not "
                                   f"gather (it gathers {', '.join(GATHERED)})")
-        #: device-metric rows in the window's step numbering (:func:`device_frame`)
+        #: device metrics in the window's row numbering (:func:`device_frame`)
         self.device: DeviceSeries | None = None
         #: device metrics the model reads that no rank reported at the last forecast: their
         #: covariates were NaN, as the dataset's for a rank without the metric
         self.missing: list[str] = []
         self._memo: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
-        self._plans: dict[tuple[Any, ...], np.ndarray] = {}
+        from bubblecast.dataset.online_frame import FastFeatures
+
+        #: the origin rows from numpy, covariates added, by the forecaster's ``predict_matrix``
+        #: when it has one
+        self.fast_features = FastFeatures(forecaster, self.config, mode="matrix" if hasattr(
+            forecaster, "predict_matrix") else "light")
         self.fast = False
         self.fast = self._fast_agrees()
 
@@ -141,7 +146,7 @@ class CovariateModel:
             cov = series_covariates(seen, origin, self.config, stages=window.stages)
             out = self._predict_fast(window, hz, cov)
         else:
-            out = self._predict_exact(window, hz, DeviceSeries(seen).frame(), origin)
+            out = self._predict_exact(window, hz, DeviceSeries(seen).frame())
         self._memo[key] = out
         while len(self._memo) > MEMO:
             self._memo.popitem(last=False)
@@ -149,55 +154,18 @@ class CovariateModel:
 
     def _predict_fast(self, window: Window, hz: list[int], cov: dict[str, np.ndarray]
                       ) -> np.ndarray:
-        """The forecast from the numpy origin matrix and covariates: by the forecaster's
-        ``predict_matrix`` when it has one, else its ``predict_signal`` on a column view."""
-        from bubblecast.dataset.online import origin_matrix
-        from bubblecast.dataset.online_frame import ColumnFrame
-
-        names, matrix, level = origin_matrix(window, self.config, hz)
+        """The forecast from the numpy origin matrix and covariates (:attr:`fast_features`)."""
         nan = np.full(window.stages, np.nan, dtype=np.float32)
-        extra = [c for c in self.covariates if c not in set(names)]
-        names = names + extra
-        matrix = np.concatenate([matrix, np.stack([cov.get(c, nan) for c in extra])]) \
-            if extra else matrix
-        if hasattr(self.forecaster, "predict_matrix"):
-            full = np.empty((len(names) + 2, window.stages))
-            full[:-2], full[-2], full[-1] = matrix, level, np.nan
-            X = full[self._plan(names, hz)].T
-            return np.asarray(self.forecaster.predict_matrix(X, hz), dtype=np.float64)
-        preds = self.forecaster.predict_signal(ColumnFrame(names, matrix, level), hz)
-        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
+        return self.fast_features.predict(window, hz, {c: cov.get(c, nan) for c in self.covariates})
 
-    def _plan(self, names: list[str], hz: list[int]) -> np.ndarray:
-        """Rows of ``[names; level; NaN]`` in the forecaster's ``matrix_columns(hz)`` order
-        (the NaN row for a column not computed), cached per names and horizons."""
-        key = (tuple(names), tuple(hz))
-        plan = self._plans.get(key)
-        if plan is None:
-            where = {n: i for i, n in enumerate(names)}
-            where["level"] = len(names)
-            cols = self.forecaster.matrix_columns(hz)
-            plan = np.array([where.get(c, len(names) + 1) for c in cols], dtype=np.intp)
-            self._plans[key] = plan
-        return plan
+    def _predict_exact(self, window: Window, hz: list[int], rows_of: pd.DataFrame
+                       ) -> np.ndarray:
+        """The forecast from the served model's pandas origin rows and the covariates of the
+        device rows (what the service computes for a request; the fast path's check)."""
+        from bubblecast.dataset.online_frame import WithCovariates
 
-    def _predict_exact(self, window: Window, hz: list[int], rows_of: pd.DataFrame,
-                       origin: int) -> np.ndarray:
-        """The forecast from the served model's pandas origin rows and the dataset's own
-        covariate code on the device rows (what the fast path is checked against)."""
-        from bubblecast.dataset.covariates import covariate_features
-
-        rows = self.base.origin_rows(window, hz)
-        stages = np.arange(window.stages)
-        keys = pd.DataFrame({"run_id": "live", "replica": 0, "stage": stages, "step": origin})
-        ranks = keys[["run_id", "replica", "stage"]].assign(rank=stages)
-        cov = covariate_features(keys, rows_of.assign(run_id="live"), ranks, {}, self.config)
-        nan = np.full(len(rows), np.nan, dtype=np.float32)
-        extra = pd.DataFrame({c: np.asarray(cov.get(c, nan), dtype=np.float32)
-                              for c in self.covariates}, index=rows.index)
-        rows = pd.concat([rows.drop(columns=self.covariates, errors="ignore"), extra], axis=1)
-        preds = self.forecaster.predict_signal(rows, hz)
-        return np.stack([np.asarray(preds[h], dtype=np.float64) for h in hz], axis=1)
+        exact = WithCovariates(self.base, rows_of, list(range(window.stages)), fill=True)
+        return exact.predict_window(window, hz)
 
 
 def window_tail(window: Window, start: int) -> Window:
