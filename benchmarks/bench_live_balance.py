@@ -288,6 +288,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default: results/live_balance.json, -quick with --quick)")
     args = ap.parse_args()
     scale = QUICK if args.quick else FULL
     from _results import run_header, write_json
@@ -349,7 +351,8 @@ def main() -> None:
             if "bound" in entry:
                 b = entry["bound"]
                 print(f"bound: best integer split {b['split']} recovers {b['recovery']:.0%}")
-    write_json(RESULTS / ("live_balance-quick.json" if args.quick else "live_balance.json"), doc)
+    write_json(args.out or RESULTS / ("live_balance-quick.json" if args.quick
+                                      else "live_balance.json"), doc)
 
 
 if __name__ == "__main__":

@@ -884,6 +884,28 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
                 f"tokens {b['tokens']['speedup']:.3f}x; slow replica recovered "
                 + " / ".join(f"{d['slow_replica'][k]['recovery_mean']:.0%}" for k in ("a", "b")))
 
+    def live_documents(d: dict) -> str:
+        s = d["settings"]["documents"]
+        m, off = s["mean"], s["offline_speedup"]
+        return (f"balance {m['balance']['ratio']:.3f}x static, tokens {m['tokens']['ratio']:.3f}x; "
+                f"offline on the same documents: balance {off['balance']:.3f}x, perfect-balance "
+                f"bound {off['bound']:.3f}x")
+
+    def live_slow(d: dict) -> str:
+        s = d["settings"]["slow-replica"]
+        rec = [r["balance"]["recovery"] for r in s["runs"]]
+        return (f"balance recovers {s['mean']['balance']['recovery']:.0%} of the slowdown (runs "
+                + ", ".join(f"{x:.0%}" for x in rec) + f"; integer-split bound "
+                f"{s['bound']['recovery']:.0%}), tokens {s['mean']['tokens']['recovery']:.0%}; "
+                f"{s['mean']['balance']['ratio']:.3f}x static, no layer moved")
+
+    def learned(d: dict) -> str:
+        g = d["goals"]
+        return (f"first move {', '.join(str(x) for x in g['lead_steps'])} steps before reactive; "
+                f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']}); "
+                f"{g['share_mean']:.2f} of the scripted run's gain; plain ramp "
+                f"{g['plain_gap_pct']:+.2f}% vs reactive")
+
     add("schedules.json", lambda d: "Bubble fraction at the zero-bubble paper's Table-5 "
         f"setting (P={d['setting']['stages']}, M={d['setting']['microbatches']})", sched)
     add("engine.json", "Timing engine against the reference event loop, slowest schedule, cold "
@@ -893,24 +915,10 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("balance.json", "Per-step work planning on packed documents over the data loader's "
         "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
         "replicas, simulated)", balance)
-    def live_balance(d: dict) -> str:
-        doc_, slow = d["settings"]["documents"], d["settings"]["slow-replica"]
-        m, ms, bound = doc_["mean"], slow["mean"], doc_["offline_speedup"]["bound"]
-        return (f"documents: balance {m['balance']['ratio']:.3f}x, tokens "
-                f"{m['tokens']['ratio']:.3f}x (offline bound {bound:.3f}x); "
-                f"slow replica: balance recovers {ms['balance']['recovery']:.0%} (integer-split "
-                f"bound {slow['bound']['recovery']:.0%})")
-
-    add("live_balance.json", "Per-step work planning live on the packed GPT, 2 CPU stages x 4 "
-        "micro-batches (documents: 1 replica; slow replica: 2 replicas, one 1.5x slower)",
-        live_balance)
-    def learned(d: dict) -> str:
-        g = d["goals"]
-        return (f"first move {', '.join(str(x) for x in g['lead_steps'])} steps before reactive; "
-                f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']}); "
-                f"{g['share_mean']:.2f} of the scripted run's gain; plain ramp "
-                f"{g['plain_gap_pct']:+.2f}% vs reactive")
-
+    add("live_balance-documents.json", "Per-step work planning live, documents only (packed "
+        "GPT, 4096-token budget, 2 CPU stages x 4 micro-batches)", live_documents)
+    add("live_balance.json", "Per-step work planning live, one replica 1.5x slower (2 replicas "
+        "x 2 CPU stages, 4 micro-batches each)", live_slow)
     add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
         f"covariates, held-out fault ({d['inject']}; 2 CPU stages)", learned)
     add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
