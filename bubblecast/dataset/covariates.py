@@ -167,6 +167,14 @@ def _grouped(metrics: pd.DataFrame) -> pd.DataFrame:
     return table.groupby(["run_id", "rank", "metric", "step"], as_index=False)["value"].mean()
 
 
+def _with_columns(frame: pd.DataFrame, cols: dict[str, Any]) -> pd.DataFrame:
+    """``frame`` with ``cols`` appended in one concat, its ``attrs`` kept."""
+    attrs = frame.attrs
+    out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
+    out.attrs = attrs
+    return out
+
+
 def add_covariates(frame: pd.DataFrame, events: Any, metrics: pd.DataFrame | None,
                    config: DatasetConfig) -> pd.DataFrame:
     """``frame`` with its covariate columns appended (none when ``config.covariates`` is
@@ -176,10 +184,7 @@ def add_covariates(frame: pd.DataFrame, events: Any, metrics: pd.DataFrame | Non
     cols = covariate_features(frame, metrics, rank_map(events.frame), events.runs, config)
     if not cols:
         return frame
-    attrs = frame.attrs
-    out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
-    out.attrs = attrs
-    return out
+    return _with_columns(frame, cols)
 
 
 _OBSERVED = re.compile(r"f_cov_(.+?)(?:_d\d+|_peer)?")
@@ -223,10 +228,7 @@ def metric_features(frame: pd.DataFrame, events_frame: pd.DataFrame, metrics: pd
     cols = {k: v for k, v in cols.items() if k not in frame.columns}
     if not cols:
         return frame
-    attrs = frame.attrs
-    out = pd.concat([frame, pd.DataFrame(cols, index=frame.index)], axis=1)
-    out.attrs = attrs
-    return out
+    return _with_columns(frame, cols)
 
 
 def _median_by_row(now: np.ndarray) -> float:
