@@ -306,8 +306,7 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     summary = {name: traces[name].summary() for name in wanted}
     compare(summary, config)
     oracle = summary["oracle"]
-    ev = events.run(run_id) if len(events.run_ids) > 1 else events
-    note = NOTE if has_sim_truth(ev, run_id) else ESTIMATED_NOTE
+    note = NOTE if has_sim_truth(events, run_id) else ESTIMATED_NOTE  # columns: frame-wide
     report = {"run_id": run_id, "mode": MODE, "note": note, "steps": len(context.lengths),
               "forecaster": forecaster, "fallback": failed,
               "oracle_gain": oracle["gain_vs_static"] if oracle["oracle_share"] is not None
