@@ -139,7 +139,7 @@ def worker(job_dir: Path) -> None:
     for name in names:
         spec = job["runs"][name]
         config = TrainConfig.from_json(spec["config"])
-        if config.events_dir:  # recorded to a file (the offline prediction's input)
+        if spec.get("write"):  # recorded to a file (the offline prediction's input)
             config = replace(config, events_dir=str(job_dir / f"{name}-parts"))
         group = dist.new_group(backend="gloo") if config.replicas == 1 else None
         trainers[name] = Trainer(config, group=group, record=spec["record"])
@@ -185,9 +185,9 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         config = train_config(setting, scale["steps"], seed, f"{setting}-{name}",
                               dilation_spec(setting) if name == "healthy" else inject)
         config = replace(config, planner=planner,
-                         cost_model=cost if planner == "balance" else None,
-                         events_dir=None if name != "static" else "PARTS")
+                         cost_model=cost if planner == "balance" else None)
         runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
+                      "write": name == "static",
                       "loader": name == "loader"}
     ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
     with tempfile.TemporaryDirectory(prefix="bench-live-balance-") as tmp:
@@ -277,8 +277,13 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     return out
 
 
-def mean_of(runs: list[dict[str, Any]], path: tuple[str, str]) -> float | None:
-    vals = [r[path[0]].get(path[1]) for r in runs if path[0] in r]
+def mean_of(runs: list[dict[str, Any]], path: tuple[str, ...]) -> float | None:
+    """Plain mean over ``runs`` of the value at ``path`` (runs without it, or None, skipped)."""
+    vals = []
+    for r in runs:
+        for key in path:
+            r = r.get(key) if isinstance(r, dict) else None
+        vals.append(r)
     vals = [v for v in vals if v is not None]
     return float(np.mean(vals)) if vals else None
 
@@ -322,8 +327,7 @@ def main() -> None:
                      "offline_speedup": {n: float(np.mean([r["offline_speedup"][n]
                                                            for r in runs]))
                                          for n in runs[0]["offline_speedup"]},
-                     "gain_share_of_offline": mean_of([{"x": {"v": r["gain_share_of_offline"]}}
-                                                       for r in runs], ("x", "v")),
+                     "gain_share_of_offline": mean_of(runs, ("gain_share_of_offline",)),
                      "balance_ratio_per_run": [r["balance"]["ratio"] for r in runs]}
             if setting == "slow-replica":
                 entry["bound"] = split_bound(SETTINGS[setting]["microbatches"],
