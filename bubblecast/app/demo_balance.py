@@ -19,7 +19,6 @@ measured ratio is noisy, so both are shown.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 #: The packed GPT of the stage and its step shape.
@@ -38,13 +37,12 @@ def _config(steps: int, seed: int, run_id: str, planner: str = "static",
                        layer_cost_every=0)
 
 
-def _timing(out: Path, summary: dict[str, Any], warm: int) -> dict[str, Any]:
-    """Mean step seconds after ``warm`` steps (from the recorded events) and documents per
+def _timing(events: Any, summary: dict[str, Any], warm: int) -> dict[str, Any]:
+    """Mean step seconds after ``warm`` steps (from the recorded ``events``) and documents per
     second of the whole run."""
     from bubblecast.sim.steptime import observed_step_times
-    from bubblecast.telemetry import read_events
 
-    steps = observed_step_times(read_events(out).frame).to_numpy()[warm:]
+    steps = observed_step_times(events.frame).to_numpy()[warm:]
     wall = float(summary["wall_s"])
     return {"mean_step_s": float(steps.mean()),
             "documents_s": summary.get("documents_trained", 0) / wall if wall > 0 else None}
@@ -65,6 +63,7 @@ def balanced(demo: Any, steps: int, seed: int) -> dict[str, Any]:
     save_cost_model(model, where / "cost")
     cost = str(where / "cost")
     runs: dict[str, dict[str, Any]] = {}
+    recorded: dict[str, Any] = {}
     warm = max(1, steps // 8)
     for policy in ("static", "balance"):
         out = where / f"{policy}.parquet"
@@ -75,7 +74,9 @@ def balanced(demo: Any, steps: int, seed: int) -> dict[str, Any]:
         (where / f"{policy}-actions.json").write_text(json.dumps(
             {"policy": policy, "cost_model": cost if policy == "balance" else None,
              "decisions": decisions}, indent=1, default=float))
-        runs[policy] = {"events": f"balanced/{policy}.parquet", **_timing(out, summary, warm),
+        recorded[policy] = read_events(out)
+        runs[policy] = {"events": f"balanced/{policy}.parquet",
+                        **_timing(recorded[policy], summary, warm),
                         "decisions": len(decisions),
                         "fallbacks": sum(1 for d in decisions if d.get("fallback")),
                         "losses": list(summary["losses"].values())}
@@ -83,7 +84,7 @@ def balanced(demo: Any, steps: int, seed: int) -> dict[str, Any]:
     planned["speedup_vs_static"] = static["mean_step_s"] / planned["mean_step_s"]
     losses = zip(static.pop("losses"), planned.pop("losses"), strict=True)
     worst = max(abs(a - b) / max(abs(a), 1e-12) for a, b in losses)
-    predicted, _ = evaluate_events(read_events(where / "static.parquet"),
+    predicted, _ = evaluate_events(recorded["static"],
                                    ["static", "tokens", "balance", "oracle"],
                                    EvalConfig(cost_model=cost))
     return {"model": MODEL, "stages": STAGES, "microbatches": MICROBATCHES, "steps": steps,
