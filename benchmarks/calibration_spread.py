@@ -10,14 +10,10 @@ scored on runs of other seeds (no run shared). Three training mixes:
 * ``pooled``: 6 runs of each scenario (throttle, seqlen, thermal, failslow, mixed) of one
   seed, tested on 8 runs of each scenario per held-out seed (overall and per scenario).
 
-Models: ``gru`` (:class:`~bubblecast.forecast.seq.SeqForecaster`: fit / early-stop / calibrate
-on three disjoint sets of runs, Mondrian shifts by volatility regime); ``lgbm``
-(:class:`~bubblecast.forecast.lgbm.LGBMForecaster` as ``lgbm.py`` fits it: shifts by token
-group on its validation and calibration runs together); ``lgbm_regime`` (the same boosters'
-design with the GRU's calibration: boosters fitted and early-stopped on 70% of the runs, regime
-shifts from :func:`~bubblecast.forecast.conformal.regime_shifts` on the other 30%, applied by
-:func:`~bubblecast.forecast.conformal.row_groups`: what ``lgbm.py`` gives with the change
-proposed for it).
+Models: ``gru`` (:class:`~bubblecast.forecast.seq.SeqForecaster`) and ``lgbm``
+(:class:`~bubblecast.forecast.lgbm.LGBMForecaster`), each as its module fits it: fit /
+early-stop / calibrate on three disjoint sets of runs (50% / 20% / 30%), Mondrian shifts by
+volatility regime (:func:`~bubblecast.forecast.conformal.regime_shifts`).
 
 Each coverage comes with its standard error over runs (``se``: the standard deviation of the
 per-run coverages over the square root of the number of test runs; neighbouring steps share
@@ -44,14 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
 
 from bubblecast.dataset import DatasetConfig, build_dataset  # noqa: E402
-from bubblecast.forecast.base import log_target  # noqa: E402
-from bubblecast.forecast.conformal import (  # noqa: E402
-    apply_grouped,
-    frame_regimes,
-    regime_shifts,
-    regime_window,
-    row_groups,
-)
 from bubblecast.forecast.suite import SuiteConfig, suite_events  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.json"
@@ -70,50 +58,11 @@ def runs_frame(counts: dict[str, int], seed: int, steps: int) -> pd.DataFrame:
     return build_dataset(events, DatasetConfig())[0]
 
 
-class RegimeLGBM:
-    """LightGBM boosters fitted and early-stopped on 70% of the runs, p10/p90 shifted by
-    volatility regime as fitted on the other 30% (see the module doc)."""
-
-    def __init__(self, seed: int, cal_fraction: float = 0.3) -> None:
-        self.seed, self.cal_fraction = seed, cal_fraction
-
-    def fit(self, frame: pd.DataFrame) -> RegimeLGBM:
-        from bubblecast.dataset.splits import split_runs
-        from bubblecast.forecast.lgbm import LGBMForecaster
-
-        masks = split_runs(frame, {"fit": 1 - self.cal_fraction, "cal": self.cal_fraction},
-                           seed=self.seed)
-        fit = frame.loc[masks["fit"]].reset_index(drop=True)
-        fit.attrs = dict(frame.attrs)
-        cal = frame.loc[masks["cal"]].reset_index(drop=True)
-        # 75% / 25% of the fit runs: train / early stopping (cal_fraction=0: no third share)
-        self.model = LGBMForecaster(val_fraction=0.25, cal_fraction=0.0, seed=self.seed).fit(fit)
-        window = regime_window(cal.columns)
-        regimes = frame_regimes(cal, window)
-        self.shifts = {}
-        for h in self.model.horizons_:
-            q = self._raw(cal, h)
-            self.shifts[h] = regime_shifts(q[:, 0], q[:, 2], log_target(cal, h, "level"),
-                                           regimes, self.model.coverage, window=window)
-        self.horizons_ = self.model.horizons_
-        return self
-
-    def _raw(self, frame: pd.DataFrame, h: int) -> np.ndarray:
-        return np.sort(self.model.raw_scores(self.model.booster_inputs(frame, h), h), axis=1)
-
-    def predict_signal(self, frame: pd.DataFrame, horizons: list[int]) -> dict[int, np.ndarray]:
-        level = frame["level"].to_numpy(np.float64)
-        return {h: level[:, None] * np.exp(apply_grouped(
-            self._raw(frame, h), self.shifts[h], row_groups(self.shifts[h], frame), "interval"))
-            for h in horizons}
-
-
 def makers(epochs: int) -> dict[str, Any]:
     from bubblecast.forecast.lgbm import LGBMForecaster
     from bubblecast.forecast.seq import SeqForecaster
 
     return {"lgbm": lambda s: LGBMForecaster(seed=s),
-            "lgbm_regime": lambda s: RegimeLGBM(seed=s),
             "gru": lambda s: SeqForecaster(epochs=epochs, seed=s)}
 
 

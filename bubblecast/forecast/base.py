@@ -120,7 +120,8 @@ def long_predictions(frame: pd.DataFrame, preds: dict[int, np.ndarray]) -> pd.Da
 
 def fit_splits(frame: pd.DataFrame, val_fraction: float, cal_fraction: float, seed: int
                    ) -> dict[str, np.ndarray]:
-    """Boolean masks ``train``, ``val`` (early stopping) and ``cal`` (conformal) by run."""
+    """Boolean masks ``train``, ``val`` (early stopping) and ``cal`` (conformal), disjoint
+    sets of whole runs; each share with a positive fraction gets at least one run."""
     from bubblecast.dataset.splits import split_runs
 
     runs = frame["run_id"].nunique()
@@ -128,11 +129,17 @@ def fit_splits(frame: pd.DataFrame, val_fraction: float, cal_fraction: float, se
         raise BubblecastError(f"training needs at least 3 runs (train, validation, calibration); "
                               f"the features frame has {runs}")
     train = max(1e-9, 1.0 - val_fraction - cal_fraction)
+    # three disjoint sets of runs: conformal shifts never see a run that fitted or
+    # early-stopped the model
     masks = split_runs(frame, {"train": train, "val": val_fraction, "cal": cal_fraction}, seed)
-    # Conformal shifts are fitted on the validation runs too: early stopping takes a single
-    # number (the iteration count) from them, which hardly biases coverage, while twice the
-    # runs halve the run-to-run variance of the calibrated coverage.
-    masks["cal"] = masks["cal"] | masks["val"]
+    ids = frame["run_id"].astype(str).to_numpy()
+    for name, fraction in (("val", val_fraction), ("cal", cal_fraction)):
+        train_runs = sorted(set(ids[masks["train"]]))
+        if fraction > 0 and not masks[name].any() and len(train_runs) > 1:
+            # rounding left this share without a run (few runs): it takes one training run
+            moved = ids == train_runs[-1]
+            masks["train"] &= ~moved
+            masks[name] |= moved
     return masks
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from bubblecast.errors import BubblecastError
 from bubblecast.forecast.base import QUANTILES, fit_splits, log_target
-from bubblecast.forecast.conformal import calibration_groups, grouped_shifts
+from bubblecast.forecast.conformal import frame_regimes, regime_shifts, regime_window
 from bubblecast.forecast.lgbm import LGBMForecaster
 
 #: Validation rows (a seeded sample) scored to choose each booster's iteration count.
@@ -52,9 +52,10 @@ def _part_xy(path: str, model: LGBMForecaster, splits: dict[str, set[str]], spli
     return out
 
 
-def _part_cal(path: str, model: LGBMForecaster, runs: set[str], h: int
+def _part_cal(path: str, model: LGBMForecaster, runs: set[str], h: int, window: int | None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """On a worker: a calibration part's sorted raw scores, targets and conformal groups."""
+    """On a worker: a calibration part's sorted raw scores, targets and volatility regime
+    values (:func:`~bubblecast.forecast.conformal.frame_regimes` of ``window``)."""
     frame = _read_part(path)
     frame = frame.loc[frame["run_id"].astype(str).isin(runs)].reset_index(drop=True)
     z = log_target(frame, h, model.anchor)
@@ -62,7 +63,7 @@ def _part_cal(path: str, model: LGBMForecaster, runs: set[str], h: int
     sub = frame.loc[keep].reset_index(drop=True)
     x = np.asarray(model.booster_inputs(sub, h), dtype=np.float32)
     raw = np.sort(model.raw_scores(x, h), axis=1)
-    return raw, z[keep], np.asarray(calibration_groups(sub))
+    return raw, z[keep], frame_regimes(sub, window)
 
 
 def best_iteration(curve: list[float], rounds: int) -> int:
@@ -130,6 +131,7 @@ def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
     from lightgbm.dask import DaskLGBMRegressor
 
     model.prepare(schema_frame)
+    window = regime_window(schema_frame.columns)
     masks = fit_splits(runs_frame, model.val_fraction, model.cal_fraction, model.seed)
     ids = runs_frame["run_id"].astype(str).to_numpy()
     splits = {k: set(ids[m]) for k, m in masks.items()}
@@ -153,11 +155,13 @@ def fit_dask(model: LGBMForecaster, files: list[Path], runs_frame: pd.DataFrame,
             model.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
         shared = client.scatter(model, broadcast=True)  # the boosters, sent once per worker
         cal = client.gather(client.map(_part_cal, paths, model=shared, runs=splits["cal"], h=h,
-                                       pure=False))
+                                       window=window, pure=False))
         raw = np.concatenate([c[0] for c in cal])
         zc = np.concatenate([c[1] for c in cal])
-        groups = np.concatenate([c[2] for c in cal])
-        model.shifts_[h] = grouped_shifts(raw[:, 0], raw[:, 2], zc, groups, model.coverage)
+        regimes = np.concatenate([c[2] for c in cal])
+        model.shifts_[h] = regime_shifts(raw[:, 0], raw[:, 2], zc, regimes, model.coverage,
+                                         window=window)
+    model.calibration_ = "interval"  # as LGBMForecaster.fit calibrates
     client.cancel(parts["train"] + parts["val"])
     return model
 

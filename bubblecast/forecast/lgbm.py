@@ -1,8 +1,9 @@
 """LightGBM forecaster: one quantile booster per (horizon, quantile), conformal intervals.
 
 Training runs are split by run into train / validation (early stopping) / calibration; the
-conformal shifts of p10 and p90 are fitted on the validation and calibration runs, never on
-the runs the boosters learnt from. Inputs are scale-free
+conformal shifts of p10 and p90 are fitted on the calibration runs alone, by volatility regime
+(:func:`~bubblecast.forecast.conformal.regime_shifts`), never on a run the boosters learnt or
+early-stopped on. Inputs are scale-free
 (unit-bearing features over ``level``) and the target is ``log(y_h / level)``. Boosters are
 saved in LightGBM's native text format; the rest of the state is JSON (no pickle).
 """
@@ -33,9 +34,13 @@ from bubblecast.forecast.base import (
 from bubblecast.forecast.conformal import (
     apply_bounds,
     apply_grouped,
-    calibration_groups,
+    frame_regimes,
     group_bounds,
-    grouped_shifts,
+    matrix_groups,
+    regime_columns,
+    regime_shifts,
+    regime_window,
+    row_groups,
 )
 from bubblecast.forecast.lgbm_rows import MAX_ROWS, RowScorer
 
@@ -64,7 +69,7 @@ class LGBMForecaster(Forecaster):
     def __init__(self, n_estimators: int = 400, learning_rate: float = 0.08,
                  num_leaves: int = 63, min_child_samples: int = 20,
                  feature_fraction: float = 0.8, early_stopping_rounds: int = 30,
-                 val_fraction: float = 0.2, cal_fraction: float = 0.2, coverage: float = 0.8,
+                 val_fraction: float = 0.2, cal_fraction: float = 0.3, coverage: float = 0.8,
                  max_train_rows: int | None = 200_000, anchor: str = "level",
                  linear_tree: bool = False, seed: int = 0, n_jobs: int = 1) -> None:
         self.n_estimators = n_estimators
@@ -126,6 +131,7 @@ class LGBMForecaster(Forecaster):
         masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
         rng = np.random.default_rng(self.seed)
         names = self.features_ + self.horizon_features_
+        window = regime_window(frame.columns)
         for h in self.horizons_:
             z = log_target(frame, h, self.anchor)
             parts = {}
@@ -149,8 +155,9 @@ class LGBMForecaster(Forecaster):
                 self.boosters_[(h, q)] = booster
                 self.best_iterations_[f"h{h}_q{round(q * 100)}"] = int(booster.best_iteration)
             cal = np.sort(self.raw_scores(x["cal"], h), axis=1)
-            self.shifts_[h] = grouped_shifts(cal[:, 0], cal[:, 2], z[parts["cal"]],
-                                             calibration_groups(sub["cal"]), self.coverage)
+            self.shifts_[h] = regime_shifts(cal[:, 0], cal[:, 2], z[parts["cal"]],
+                                            frame_regimes(sub["cal"], window), self.coverage,
+                                            window=window)
         self.calibration_ = "interval"
         return self
 
@@ -188,24 +195,26 @@ class LGBMForecaster(Forecaster):
 
     def predict_signal(self, frame: pd.DataFrame, horizons: list[int]) -> dict[int, np.ndarray]:
         level = level_of(frame, self.anchor)
-        groups = calibration_groups(frame)
         out = {}
         for h in horizons:
             z = np.sort(self.raw_scores(self.booster_inputs(frame, h), h), axis=1)
-            z = apply_grouped(z, self.shifts_[h], groups, self.calibration)
+            z = apply_grouped(z, self.shifts_[h], row_groups(self.shifts_[h], frame),
+                              self.calibration)
             out[h] = level[:, None] * np.exp(z)
         return out
 
     # -- fast path: a plain float matrix in, no frames -------------------------------------
     def matrix_columns(self, horizons: list[int]) -> list[str]:
         """Column order of the ``X`` that :meth:`predict_matrix` takes for ``horizons``: the
-        shared inputs, each horizon's inputs, then the anchor column and ``f_tokens_ratio``
-        (which picks the conformal group; NaN = no known-ahead tokens)."""
+        shared inputs, each horizon's inputs, then the anchor column, ``f_tokens_ratio`` and
+        the two :func:`~bubblecast.forecast.conformal.regime_columns` (which pick the conformal
+        group: :func:`~bubblecast.forecast.conformal.matrix_groups`)."""
         self.check_fitted()
         cols = list(self.features_)
         for h in horizons:
             cols += [f"x{h}_{g[2:]}" for g in self.horizon_features_]
-        return cols + [ANCHORS[self.anchor], "f_tokens_ratio"]
+        regime = regime_columns(self.shifts_[self.horizons_[0]])
+        return cols + [ANCHORS[self.anchor], "f_tokens_ratio", *regime]
 
     def predict_matrix(self, X: np.ndarray, horizons: list[int]) -> np.ndarray:
         """``(n, H, 3)`` p10/p50/p90 of ``y`` from ``X`` ``(n, len(matrix_columns(horizons)))``:
@@ -219,12 +228,11 @@ class LGBMForecaster(Forecaster):
                                   f"{list(self.horizons_)}, not {unknown}")
         X = np.asarray(X, dtype=np.float64)
         nf, nh = len(self.features_), len(self.horizon_features_)
-        if X.ndim != 2 or X.shape[1] != nf + nh * len(hz) + 2:
+        if X.ndim != 2 or X.shape[1] != nf + nh * len(hz) + 4:
             raise BubblecastError(f"{self.kind} model: input matrix has shape {X.shape}, "
-                                  f"expected (n, {nf + nh * len(hz) + 2})")
-        anchor = X[:, -2]
+                                  f"expected (n, {nf + nh * len(hz) + 4})")
+        anchor = X[:, -4]
         level = np.where(np.isfinite(anchor), np.maximum(anchor, 1e-12), np.nan)
-        groups = np.isfinite(X[:, -1]).astype(np.int64)
         cols, scaled = self._matrix_plan(tuple(hz))
         values = X[:, cols]
         values = np.where(scaled, values / level[:, None], values)
@@ -238,10 +246,13 @@ class LGBMForecaster(Forecaster):
             z[i] = self.raw_scores(rows[i], h)
         z.sort(axis=2)
         # every horizon's shifts at once (element by element: what apply_grouped gives per
-        # horizon); groups are 0 (no known-ahead tokens) or 1
-        bounds = [group_bounds(self.shifts_[h], 2) for h in hz]
-        lo = np.array([b[0] for b in bounds])[:, groups]
-        hi = np.array([b[1] for b in bounds])[:, groups]
+        # horizon), each row's group read from the last three columns as row_groups reads a
+        # frame's
+        lo, hi = np.empty((len(hz), n)), np.empty((len(hz), n))
+        for i, h in enumerate(hz):
+            groups = matrix_groups(self.shifts_[h], *X[:, -3:].T)
+            bounds = group_bounds(self.shifts_[h], int(groups.max(initial=0)) + 1)
+            lo[i], hi[i] = bounds[0][groups], bounds[1][groups]
         z = apply_bounds(z, lo, hi, self.calibration)
         return level[:, None, None] * np.exp(z.transpose(1, 0, 2))
 

@@ -204,8 +204,6 @@ class SeqForecaster(Forecaster):
         """Row positions of ``train`` (sampled to ``max_train_rows``), ``val`` and ``cal``
         with a known target; ``frame`` needs ``run_id``, ``scenario`` and the targets only."""
         masks = fit_splits(frame, self.val_fraction, self.cal_fraction, self.seed)
-        # three disjoint sets of runs: the conformal shifts never see an early-stopping run
-        masks["cal"] = masks["cal"] & ~masks["val"]
         rng = np.random.default_rng(self.seed)
         known = np.isfinite(np.column_stack([frame[f"y_h{h}"].to_numpy(dtype=float)
                                              for h in self.horizons_])).any(axis=1)

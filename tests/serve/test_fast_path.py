@@ -62,8 +62,11 @@ def test_unknown_mode_is_refused(lgbm):
 def _probe_matrix(rng, n: int, width: int) -> np.ndarray:
     X = np.exp(rng.normal(0.0, 1.0, (n, width)))
     X[rng.random(X.shape) < 0.1] = np.nan  # missing inputs take the trees' default branch
-    X[:, -2] = 0.5 + rng.random(n)  # the anchor (level)
-    X[:, -1] = np.where(rng.random(n) < 0.5, np.nan, 1.0)  # both conformal groups
+    # the tail of matrix_columns: anchor (level), f_tokens_ratio, then the regime columns
+    # (rolling std, level) that pick each row's conformal group
+    X[:, -4] = X[:, -1] = 0.5 + rng.random(n)
+    X[:, -3] = np.where(rng.random(n) < 0.5, np.nan, 1.0)
+    X[:, -2] = np.exp(rng.normal(-4.0, 1.5, n))  # every volatility regime
     return X
 
 
@@ -82,7 +85,7 @@ def test_single_row_lightgbm_path_is_bit_identical_to_booster_predict(lgbm, n, m
     nf, nh = len(lgbm.features_), len(lgbm.horizon_features_)
     cases = []
     for hz in ([1, 5, 10], [10, 1], [5]):
-        X = _probe_matrix(rng, n, nf + nh * len(hz) + 2)
+        X = _probe_matrix(rng, n, nf + nh * len(hz) + 4)
         cases.append((X, hz, lgbm.predict_matrix(X, hz)))
     _without_row_scorer(lgbm, monkeypatch)
     for X, hz, got in cases:
