@@ -176,7 +176,7 @@ class LivePlanner:
             self._thread = threading.Thread(target=self._loop, name="bubblecast-planner",
                                             daemon=True)
             self._thread.start()
-            self._requests.put((trainer.step, self._speeds()))
+            self._requests.put((trainer.step, self._history_for_plan()))
 
     # -- every rank -------------------------------------------------------------------------
     def plan(self, step: int) -> WorkPlan:
@@ -198,10 +198,7 @@ class LivePlanner:
         if self.lead:
             self._observe([None if row[-2] < 0 else (int(row[-2]), float(row[-1]))
                            for row in table])
-            if self.method == "balance" and not self.problem:
-                self._requests.put((step + 1, self._speeds()))
-            else:
-                self._requests.put((step + 1, np.ones((replicas, self.config.stages))))
+            self._requests.put((step + 1, self._history_for_plan()))
         if plan is None:
             plan = self.loader.static_plan(step)
             if self.lead:
@@ -284,15 +281,25 @@ class LivePlanner:
         if seen:
             self.history.append(now)
 
-    def _speeds(self) -> np.ndarray:
-        """Per rank, the forecast speed ratio one step ahead times its layers (ones x layers
-        before any telemetry)."""
+    def _history_for_plan(self) -> list[np.ndarray] | None:
+        """What the thread forecasts the next plan's speeds from (on the training thread:
+        only a list of the recent ratio arrays, which are never changed once appended); None
+        when the method plans without speeds."""
+        if self.method == "balance" and not self.problem:
+            return self.history[-HISTORY:]
+        return None
+
+    def _speeds(self, history: list[np.ndarray] | None) -> np.ndarray:
+        """Per rank, the forecast speed ratio one step ahead times its layers (on the
+        thread; ones x layers before any telemetry, ones for methods without speeds)."""
         c = self.config
-        if not self.history:
+        if history is None:
+            return np.ones((c.replicas, c.stages))
+        if not history:
             return np.ones((c.replicas, c.stages)) * self.layers
         from bubblecast.policy.forecasting import TrendForecaster
 
-        hist = np.stack(self.history[-HISTORY:])  # (t, R, P)
+        hist = np.stack(history)  # (t, R, P)
         flat = hist.reshape(len(hist), -1)
         ahead = TrendForecaster().forecast_history(flat, np.array([1]))[0, :, 1]
         return np.maximum(ahead.reshape(hist.shape[1:]), 1e-9) * self.layers
@@ -302,10 +309,10 @@ class LivePlanner:
             item = self._requests.get()
             if item is None:
                 return
-            step, speeds = item
+            step, history = item
             t0 = time.perf_counter()
             try:
-                plan, record = self._plan(step, speeds)
+                plan, record = self._plan(step, self._speeds(history), bool(history))
                 plan = canonical(plan)
                 record["action"] = _action_json(plan)
                 why = None
@@ -317,8 +324,10 @@ class LivePlanner:
                 self._results[step] = (plan, why, record)
                 self._cond.notify_all()
 
-    def _plan(self, step: int, speeds: np.ndarray) -> tuple[WorkPlan, dict[str, Any]]:
-        """Step ``step``'s plan and its decision record (on the thread)."""
+    def _plan(self, step: int, speeds: np.ndarray, seen: bool
+              ) -> tuple[WorkPlan, dict[str, Any]]:
+        """Step ``step``'s plan and its decision record (on the thread); ``seen``: the speeds
+        come from telemetry (not the equal speeds of the first steps)."""
         from bubblecast.policy.decision import Decision
 
         x = self.loader.lengths(step)
@@ -337,7 +346,7 @@ class LivePlanner:
             return plan, decision.to_json()
         plan = plan_batch(x, c, self.work, speeds, method="balance")
         pace = speeds.max(axis=1)
-        if not self.history:
+        if not seen:
             decision = Decision(plan_action(plan), None, None, 0.0,
                                 f"no telemetry yet: equal speeds, counts {plan.counts}")
             return plan, decision.to_json()

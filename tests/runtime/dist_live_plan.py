@@ -67,9 +67,9 @@ def broken() -> dict[str, Any]:
         t = Trainer(config(planner="tokens"), record=True)
         step_of = t.packed.planner._plan  # the step being planned, seen by the fake
 
-        def planned(step: int, speeds: Any) -> Any:
+        def planned(step: int, *args: Any) -> Any:
             broken.step = step
-            return step_of(step, speeds)
+            return step_of(step, *args)
 
         t.packed.planner._plan = planned
         for _ in range(STEPS):
