@@ -20,7 +20,9 @@ Per policy, beside the keys every policy-eval row has (``step_s``, ``bubble_frac
 loader's, ``migration_s``: 0): ``imbalance_degree`` (mean over steps of the slowest
 micro-batch's true cost x micro-batches / the step's total true cost), ``bound_step_s`` (the
 step time if every micro-batch cost the step's mean, with the loader's counts: the same for
-every policy), ``decision_ms`` (mean planning time per step, measured) and, for ``balance``,
+every policy), ``floor_step_s`` (no plan of the documents into the loader's counts is faster:
+:func:`step_floors`; None where it does not apply), ``decision_ms`` (mean planning time per
+step, measured) and, for ``balance``,
 ``cost_model`` (where its costs come from) and ``microbatch_counts``.
 """
 
@@ -48,7 +50,7 @@ from bubblecast.policy.work_policies import (
     WorkTruth,
     make_work_policy,
 )
-from bubblecast.policy.work_timing import stage_kinds, time_replicas
+from bubblecast.policy.work_timing import critical_path_floor, stage_kinds, time_replicas
 from bubblecast.policy.work_truth import ESTIMATED_NOTE, estimated_truth
 from bubblecast.sim.documents import WorkCost, check_lengths, microbatch_stats
 from bubblecast.telemetry.events import Events
@@ -234,6 +236,30 @@ def _bound(costs: list[list[np.ndarray]], microbatches: int) -> list[list[np.nda
     return out
 
 
+def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
+    """Per step, :func:`~bubblecast.policy.work_timing.critical_path_floor`: no plan of the
+    step's documents into the loader's micro-batch count is faster (timed against the truth);
+    None where the floor does not apply (several replicas, chunks or under 2 micro-batches,
+    a schedule other than 1F1B or GPipe)."""
+    c = context.config
+    if c.replicas != 1 or truth.chunks != 1 or c.microbatches < 2 \
+            or c.schedule not in ("1f1b", "gpipe"):
+        return None
+    kinds = stage_kinds(c.schedule, c.stages, 1, truth.speed, truth.vstage_kind[:, None])
+    w, floors = truth.cost, []
+    for t, x in enumerate(context.lengths):
+        x = np.asarray(x, dtype=np.float64)
+        tokens = float(x.sum())
+        nonempty = float(np.ceil(tokens / c.token_budget))
+        total = (w.per_token * tokens + w.per_token_sq * float(np.square(x).sum())
+                 + w.per_document * len(x) + w.per_microbatch * nonempty)
+        ends = max(0.0, tokens - (c.microbatches - 2) * c.token_budget)
+        end_cost = (w.per_microbatch + w.per_document,
+                    w.per_token + w.per_token_sq * float(x.min(initial=0.0)))
+        floors.append(critical_path_floor(kinds[t, 0], total, ends, c.token_budget, end_cost))
+    return np.asarray(floors, dtype=np.float64)
+
+
 @functools.lru_cache(maxsize=4)
 def _loaded_cost_model(source: str) -> Any:
     from bubblecast.policy.plan_api import load_cost
@@ -299,10 +325,13 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     timed = _time([*costs, _bound(costs[0], context.config.microbatches)], truth,
                   context.config.schedule)
     bound = float(timed[-1][0].mean())
+    floors = step_floors(context, truth)
+    floor = float(floors.mean()) if floors is not None and len(floors) else None
     for (step, idle, cells), name in zip(timed, wanted, strict=False):
         tr = traces[name]
         tr.step_s, tr.idle_s, tr.cells_s = step, idle, cells
         tr.extra["bound_step_s"] = bound
+        tr.extra["floor_step_s"] = floor
     summary = {name: traces[name].summary() for name in wanted}
     compare(summary, config)
     oracle = summary["oracle"]
@@ -312,7 +341,8 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
               "oracle_gain": oracle["gain_vs_static"] if oracle["oracle_share"] is not None
               else None,
               "migration": {"source": "none: plans move documents, never layers"},
-              "bound_step_s": bound, "policies": {n: summary[n] for n in names}}
+              "bound_step_s": bound, "floor_step_s": floor,
+              "policies": {n: summary[n] for n in names}}
     if "balance" in traces:
         report["cost_model"] = traces["balance"].extra["cost_model"]
     return report, {n: traces[n] for n in names}
@@ -320,10 +350,11 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
 
 def work_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Across runs, the work-planning keys of one policy's rows: plain means of
-    ``imbalance_degree``, ``bound_step_s`` and ``decision_ms`` over the runs that have them,
-    the distinct ``cost_model`` and ``note`` texts, and summed counts of rebalanced steps."""
+    ``imbalance_degree``, ``bound_step_s``, ``floor_step_s`` and ``decision_ms`` over the runs
+    that have them, the distinct ``cost_model`` and ``note`` texts, and summed counts of
+    rebalanced steps."""
     out: dict[str, Any] = {}
-    for key in ("imbalance_degree", "bound_step_s", "decision_ms"):
+    for key in ("imbalance_degree", "bound_step_s", "floor_step_s", "decision_ms"):
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             out[key] = float(np.mean(values))

@@ -63,3 +63,27 @@ def predicted_plan_step(schedule: str, stages: int, costs: Sequence[Sequence[flo
     window, _ = time_replicas(schedule, stages, 1, comm_s,
                               [np.asarray(c, dtype=np.float64) for c in costs], kinds)
     return float(window.max()) if len(window) else 0.0
+
+
+def critical_path_floor(kinds: np.ndarray, total_cost: float, end_tokens: float,
+                        token_budget: float, end_cost: tuple[float, float]) -> float:
+    """A lower bound on one replica's step over *every* plan of the same documents into the
+    same number (>= 2) of micro-batches, on a one-chunk pipeline (1F1B or GPipe).
+
+    ``kinds`` is ``(P, 3)`` (each stage's F, B, W seconds per unit of cost, speed included).
+    The work is additive over documents, so stage ``s`` runs ``total_cost x sum(kinds[s])``
+    whatever the plan; it cannot start before the first micro-batch's forwards on the stages
+    before it, nor finish before the last micro-batch's backwards on them (W excluded: it may
+    be deferred). Those two micro-batches hold at least ``end_tokens`` tokens together (the
+    others hold at most the budget each) and a micro-batch of ``t`` tokens costs at least
+    ``end_cost[0] + end_cost[1] x t``. Communication counts as free. The bound is the largest
+    over stages, with the end tokens put where they cost least."""
+    k = np.asarray(kinds, dtype=np.float64)
+    fixed, per_token = end_cost
+    floor = 0.0
+    for s in range(k.shape[0]):
+        a, b = float(k[:s, 0].sum()), float(k[:s, 1].sum())
+        cheap, dear = min(a, b), max(a, b)
+        ends = cheap * min(token_budget, end_tokens) + dear * max(0.0, end_tokens - token_budget)
+        floor = max(floor, total_cost * float(k[s].sum()) + (a + b) * fixed + per_token * ends)
+    return floor

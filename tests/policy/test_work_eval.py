@@ -141,3 +141,27 @@ def test_runs_aggregate_as_plain_means():
             assert result["policies"][name][key] == pytest.approx(np.mean([r[key]
                                                                           for r in rows]))
         assert result["policies"][name]["runs"] == 2
+
+
+def test_no_policy_beats_the_floor_on_any_step():
+    """One replica, 1F1B: every policy's every step is at or above the step's floor, and
+    the oracle comes close to it (the floor is what bounds a documents-only gain)."""
+    from bubblecast.policy.work_eval import step_floors
+
+    events = simulate_events(SimConfig(schedule="1f1b", stages=2, microbatches=4, replicas=1,
+                                       steps=30, documents="lognormal", scenario="jitter",
+                                       seed=5))
+    result, traces = evaluate_events(events, NAMES, EvalConfig())
+    run = next(iter(result["runs"]))
+    context, truth = load_document_run(events, run)
+    floors = step_floors(context, truth)
+    assert floors is not None and len(floors) == 30
+    for name in NAMES:
+        assert np.all(traces[run][name].step_s >= floors * (1 - 1e-12)), name
+    assert result["runs"][run]["floor_step_s"] == pytest.approx(floors.mean())
+    assert result["policies"]["oracle"]["step_s"] <= 1.2 * floors.mean()
+
+
+def test_several_replicas_have_no_floor(lognormal):
+    result, _ = lognormal
+    assert next(iter(result["runs"].values()))["floor_step_s"] is None
