@@ -146,6 +146,18 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def headline(table: list[dict[str, Any]]) -> dict[str, str]:
+    """Per model and mix, ``"k/n"``: how many of the readings (seeds x horizons) fall in the
+    band; for the pooled mix, the whole test set and its scenarios apart."""
+    counts: dict[str, list[int]] = {}
+    for s in table:
+        part = "_scenarios" if s["group"] != "all" else ""
+        key = f"{s['model']}_{s['mix'].replace('-', '_')}{part}_in_band"
+        k, n = counts.setdefault(key, [0, 0])
+        counts[key] = [k + s["in_band"], n + s["n"]]
+    return {key: f"{k}/{n}" for key, (k, n) in counts.items()}
+
+
 #: The scenarios of the sample runs ``models/default`` was trained on (``data/sim``).
 SAMPLE_SCENARIOS = ("throttle", "failslow", "periodic", "seqlen", "mixed", "jitter")
 
@@ -207,6 +219,7 @@ def main() -> None:
                                        "held_seeds": args.held_seeds, "steps": args.steps,
                                        "epochs": args.epochs, "band": list(BAND),
                                        "scenario_band": list(SCENARIO_BAND)})
+    doc.update(headline(table))
     doc["command"] = "python benchmarks/calibration_spread.py " + " ".join(sys.argv[1:])
     write_json(RESULTS, {**doc, "summary": table, "records": records})
 
