@@ -142,9 +142,9 @@ class PredictivePolicy(Policy):
     row (history drops old rows live). ``timing``: also choose *when* to move, for forecasts
     that ramp in (a thermal lead's): :func:`~bubblecast.policy.viterbi.first_move` over
     decisions ``decide_every`` steps apart (live: the controller's period). ``neighbours``: also
-    score the one-layer shifts of the solver's best split with the engine, offline as live (the
-    solver ranks splits by their bottleneck stage; for a moderate slowdown the engine-fastest
-    one can be a shift away: a thermal run's (8, 9, 7, 8) against (9, 8, 7, 8)).
+    score the one-layer shifts of each of the solver's candidates with the engine, offline as
+    live (the solver ranks splits by their bottleneck stage; for a moderate slowdown the
+    engine-fastest one can be a shift away: a thermal run's (8, 9, 7, 8) against (9, 8, 7, 8)).
     """
 
     forecaster: SpeedForecaster = field(default_factory=TrendForecaster)
@@ -322,9 +322,9 @@ class OraclePolicy(Policy):
 
     Candidates: the initial partition and, for the realised per-rank speeds averaged over
     every window of ``windows`` steps (stride half a window), the engine-fastest of the
-    solver's candidates; at most ``max_candidates``, the most frequent first. Realised step
-    times of every candidate at every step (:attr:`RunContext.true_step_times`) and the
-    migration pauses feed a Viterbi pass.
+    solver's candidates and their one-layer shifts; at most ``max_candidates``, the most
+    frequent first. Realised step times of every candidate at every step
+    (:attr:`RunContext.true_step_times`) and the migration pauses feed a Viterbi pass.
     """
 
     windows: tuple[int, ...] = (8, 32, 128, 512)
@@ -368,10 +368,12 @@ class OraclePolicy(Policy):
 
     @staticmethod
     def _best_for(state: PolicyState, speed: np.ndarray, initial: Partition) -> Partition | None:
-        """The engine-fastest of the solver's candidates for ``speed`` (None if infeasible)."""
+        """The engine-fastest of the solver's candidates and their one-layer shifts for
+        ``speed`` (None if infeasible): the predictive policy scores those shifts too, and the
+        oracle stays an upper bound only over a set at least as wide."""
         try:
             found = candidates(state.problem(speed), current=initial,
-                               move_bytes=state.move_bytes)
+                               move_bytes=state.move_bytes, neighbours=True)
         except BubblecastError:
             return None
         step, _ = state.predicted_step(found, speed)

@@ -208,9 +208,10 @@ def candidates(prob: PartitionProblem, *, current: Partition | None = None,
                neighbours: bool = False) -> list[Partition]:
     """Distinct good partitions for engine scoring: per slack, the min-sum one and (with
     ``current``) the fewest-moves one. The first is the exact min-bottleneck, min-sum one.
-    ``neighbours``: then the first one's one-layer shifts across each stage boundary (a
+    ``neighbours``: then every one's one-layer shifts across each stage boundary (a
     pipeline's fill and drain can make a split the bottleneck ranks worse the faster one:
-    2 stages, the last slowed 2x, 9|3 against the bottleneck's 8|4; memory caps kept)."""
+    2 stages, the last slowed 2x, 9|3 against the bottleneck's 8|4; and the engine-fastest
+    split can be a shift from a candidate other than the first; memory caps kept)."""
     t = tables or SolverTables(prob)
     opt = min_bottleneck(prob, t) if bottleneck is None else bottleneck
     out: list[Partition] = []
@@ -221,7 +222,8 @@ def candidates(prob: PartitionProblem, *, current: Partition | None = None,
                                move_bytes=move_bytes, tables=t, bottleneck=opt))
         out.extend(p for p in found if p not in out)
     if neighbours:
-        out.extend(p for p in _shifts(out[0], t) if p not in out)
+        for p in list(out):
+            out.extend(q for q in _shifts(p, t) if q not in out)
     return out
 
 

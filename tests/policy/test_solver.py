@@ -196,3 +196,28 @@ def test_neighbours_add_the_one_layer_shifts_of_the_best_split():
     capped = PartitionProblem(np.ones(12), [1.0, 2.0], memory=np.ones(12), memory_cap=8.0)
     assert all(p[0] <= 8 for p in candidates(capped, neighbours=True))
     assert candidates(PartitionProblem(np.ones(2), [1.0, 1.0]), neighbours=True) == [(1, 1)]
+
+
+def one_layer_shifts(part: tuple[int, ...]) -> set[tuple[int, ...]]:
+    """Every split one layer away from ``part`` across one boundary (each stage keeps one)."""
+    out = set()
+    for b in range(len(part) - 1):
+        for d in (1, -1):
+            p = list(part)
+            p[b], p[b + 1] = p[b] + d, p[b + 1] - d
+            if min(p) >= 1:
+                out.add(tuple(p))
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(small)
+def test_neighbours_are_the_shifts_of_every_candidate(case):
+    costs, speeds = case
+    prob = PartitionProblem(costs, speeds)
+    current = even_partition(len(costs), len(speeds))
+    plain = candidates(prob, current=current)
+    more = candidates(prob, current=current, neighbours=True)
+    assert more[:len(plain)] == plain and len(set(more)) == len(more)
+    want = set(plain).union(*(one_layer_shifts(p) for p in plain))
+    assert set(more) == want  # no memory cap: every shift of every candidate, nothing else
