@@ -50,7 +50,12 @@ from bubblecast.policy.work_policies import (
     WorkTruth,
     make_work_policy,
 )
-from bubblecast.policy.work_timing import critical_path_floor, stage_kinds, time_replicas
+from bubblecast.policy.work_timing import (
+    critical_path_floor,
+    least_end_costs,
+    stage_kinds,
+    time_replicas,
+)
 from bubblecast.policy.work_truth import ESTIMATED_NOTE, estimated_truth
 from bubblecast.sim.documents import WorkCost, check_lengths, microbatch_stats
 from bubblecast.telemetry.events import Events
@@ -249,14 +254,10 @@ def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
     w, floors = truth.cost, []
     for t, x in enumerate(context.lengths):
         x = np.asarray(x, dtype=np.float64)
-        tokens = float(x.sum())
-        nonempty = float(np.ceil(tokens / c.token_budget))
-        total = (w.per_token * tokens + w.per_token_sq * float(np.square(x).sum())
-                 + w.per_document * len(x) + w.per_microbatch * nonempty)
-        ends = max(0.0, tokens - (c.microbatches - 2) * c.token_budget)
-        end_cost = (w.per_microbatch + w.per_document,
-                    w.per_token + w.per_token_sq * float(x.min(initial=0.0)))
-        floors.append(critical_path_floor(kinds[t, 0], total, ends, c.token_budget, end_cost))
+        nonempty = float(np.ceil(x.sum() / c.token_budget))
+        total = float(w.documents_cost(x).sum()) + w.per_microbatch * nonempty
+        ends = least_end_costs(x, c.microbatches, c.token_budget, w)
+        floors.append(critical_path_floor(kinds[t, 0], total, ends, truth.comm_s))
     return np.asarray(floors, dtype=np.float64)
 
 

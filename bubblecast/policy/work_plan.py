@@ -22,8 +22,11 @@ How (:func:`plan_batch`):
    with capacities); then single documents move out of the slowest replica while that
    lowers the slowest replica's time.
 3. **Order** within each replica: the candidate orders (as packed, ascending, cheapest at
-   both ends) are timed with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan's
-   predicted step time is its slowest replica's.
+   both ends) and a repacking of the replica's documents with light ends (the longest fill
+   the middle micro-batches, the rest go first and last, either way round: a stage's total
+   work does not depend on the packing, only the pipeline's fill and drain do) are timed
+   with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan's predicted step time
+   is its slowest replica's.
 
 If packing with uneven counts leaves a document no room, equal counts are packed instead; if
 that fails too (no micro-batch has room), the plan falls back to the data loader's packing
@@ -337,23 +340,72 @@ def _replica_times(config: PlanConfig, m: int, rows: list[np.ndarray],
     return step_times(shape, op_durations(shape, f, b, ww))[0]
 
 
+def _light_ends(docs: list[int], x: np.ndarray, m: int, budget: int
+                ) -> list[list[int]] | None:
+    """One replica's documents repacked with light ends (``m >= 3``): by decreasing length,
+    each document goes to the emptiest of the ``m - 2`` middle micro-batches with room, else
+    to the ends; the ends take the longest of those first, then the other. The middle
+    micro-batches run between the ends by decreasing token count. None when the ends
+    overflow. Per-stage work does not depend on the packing, only the fill and drain do: a
+    pipeline's first forwards and last backwards wait on the end micro-batches."""
+    mids: list[list[int]] = [[] for _ in range(m - 2)]
+    room = [budget] * (m - 2)
+    ends: list[int] = []
+    for i in sorted(docs, key=lambda i: (-x[i], i)):
+        k = max(range(m - 2), key=lambda k: room[k])
+        if room[k] >= x[i]:
+            mids[k].append(i)
+            room[k] -= int(x[i])
+        else:
+            ends.append(i)
+    first: list[int] = []
+    last: list[int] = []
+    space = [budget, budget]
+    for i in ends:  # already by decreasing length
+        side = 0 if space[0] >= x[i] else 1 if space[1] >= x[i] else -1
+        if side < 0:
+            return None
+        (first, last)[side].append(i)
+        space[side] -= int(x[i])
+    if not first or not last:
+        return None
+    mids.sort(key=lambda mb: -int(x[mb].sum()) if mb else 0)
+    return [sorted(first), *(sorted(mb) for mb in mids), sorted(last)]
+
+
+def _candidates(bins: list[list[int]], bin_cost: np.ndarray, x: np.ndarray,
+                config: PlanConfig, cost: WorkCost) -> list[tuple[list[list[int]], np.ndarray]]:
+    """One replica's candidate plans in run order, with their micro-batch costs: the packed
+    micro-batches in each of :func:`_orders`, and their documents repacked with light ends
+    (:func:`_light_ends`) both ways round."""
+    out = [([bins[j] for j in o.tolist()], bin_cost[o]) for o in _orders(bin_cost)]
+    if len(bins) >= 3:
+        ends = _light_ends([i for b in bins for i in b], x, len(bins), config.token_budget)
+        if ends is not None and all(ends):
+            owner = np.concatenate([np.full(len(b), j) for j, b in enumerate(ends)])
+            tokens, sq, docs = microbatch_stats(x[np.concatenate(ends)], owner, len(ends))
+            c = cost.microbatch(tokens, sq, docs)
+            out += [(ends, c), (ends[::-1], c[::-1])]
+    return out
+
+
 def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
-            counts: list[int], speeds: np.ndarray) -> tuple[list[list[list[int]]],
-                                                           list[list[float]], float]:
-    """Order each replica's micro-batches (the fastest candidate by steptime, replicas with
-    the same count timed in one call); the ordered plan, its costs and its predicted step
+            counts: list[int], speeds: np.ndarray, x: np.ndarray, cost: WorkCost
+            ) -> tuple[list[list[list[int]]], list[list[float]], float]:
+    """Pick each replica's fastest candidate (:func:`_candidates`, timed by steptime,
+    replicas with the same count in one call); the plan, its costs and its predicted step
     time (the slowest replica)."""
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
-    chosen: dict[int, np.ndarray] = {}
+    chosen: dict[int, tuple[list[list[int]], np.ndarray]] = {}
     worst = 0.0
     for m in sorted(set(counts)):
         group = [r for r, c in enumerate(counts) if c == m]
         rows, speed, cands_of = [], [], {}
         for r in group:
-            cost = bin_cost[starts[r]:starts[r + 1]]
-            cands_of[r] = _orders(cost)
-            for o in cands_of[r]:
-                rows.append(cost[o])
+            lo, hi = starts[r], starts[r + 1]
+            cands_of[r] = _candidates(bins[lo:hi], bin_cost[lo:hi], x, config, cost)
+            for _, c in cands_of[r]:
+                rows.append(c)
                 speed.append(speeds[r])
         times = _replica_times(config, m, rows, speed)
         k = 0
@@ -363,9 +415,8 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
             chosen[r] = cands_of[r][best]
             worst = max(worst, float(times[k + best]))
             k += n
-    plan = [[bins[starts[r] + j] for j in chosen[r].tolist()] for r in range(len(counts))]
-    costs = [[float(x) for x in bin_cost[starts[r]:starts[r + 1]][chosen[r]]]
-             for r in range(len(counts))]
+    plan = [chosen[r][0] for r in range(len(counts))]
+    costs = [[float(v) for v in chosen[r][1]] for r in range(len(counts))]
     return plan, costs, worst
 
 
@@ -403,7 +454,7 @@ def _planned(x: np.ndarray, config: PlanConfig, cost: WorkCost, speeds: np.ndarr
         return None
     tokens, tokens_sq, docs = microbatch_stats(x, bin_of, config.total)
     bin_cost = cost.microbatch(tokens, tokens_sq, docs)
-    return _finish(config, _members(bin_of, config.total), bin_cost, counts, speeds)
+    return _finish(config, _members(bin_of, config.total), bin_cost, counts, speeds, x, cost)
 
 
 def plan_batch(lengths: Sequence[int] | np.ndarray, config: PlanConfig,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bubblecast.sim.documents import WorkCost
 from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.sim.steptime import op_durations, step_times, timing_shape
 
@@ -65,8 +66,9 @@ def predicted_plan_step(schedule: str, stages: int, costs: Sequence[Sequence[flo
     return float(window.max()) if len(window) else 0.0
 
 
-def critical_path_floor(kinds: np.ndarray, total_cost: float, end_tokens: float,
-                        token_budget: float, end_cost: tuple[float, float]) -> float:
+
+def critical_path_floor(kinds: np.ndarray, total_cost: float, end_costs: tuple[float, float],
+                        comm_s: float = 0.0) -> float:
     """A lower bound on one replica's step over *every* plan of the same documents into the
     same number (>= 2) of micro-batches, on a one-chunk pipeline (1F1B or GPipe).
 
@@ -74,16 +76,39 @@ def critical_path_floor(kinds: np.ndarray, total_cost: float, end_tokens: float,
     The work is additive over documents, so stage ``s`` runs ``total_cost x sum(kinds[s])``
     whatever the plan; it cannot start before the first micro-batch's forwards on the stages
     before it, nor finish before the last micro-batch's backwards on them (W excluded: it may
-    be deferred). Those two micro-batches hold at least ``end_tokens`` tokens together (the
-    others hold at most the budget each) and a micro-batch of ``t`` tokens costs at least
-    ``end_cost[0] + end_cost[1] x t``. Communication counts as free. The bound is the largest
-    over stages, with the end tokens put where they cost least."""
+    be deferred), each crossing a link of ``comm_s`` seconds per stage. ``end_costs`` are the
+    least those two micro-batches can cost, the smaller and the larger
+    (:func:`least_end_costs`); the smaller goes where it saves most. The bound is the largest
+    over stages."""
     k = np.asarray(kinds, dtype=np.float64)
-    fixed, per_token = end_cost
+    small, large = sorted(end_costs)
     floor = 0.0
     for s in range(k.shape[0]):
         a, b = float(k[:s, 0].sum()), float(k[:s, 1].sum())
-        cheap, dear = min(a, b), max(a, b)
-        ends = cheap * min(token_budget, end_tokens) + dear * max(0.0, end_tokens - token_budget)
-        floor = max(floor, total_cost * float(k[s].sum()) + (a + b) * fixed + per_token * ends)
+        ends = min(a, b) * large + max(a, b) * small
+        floor = max(floor, total_cost * float(k[s].sum()) + ends + 2 * s * comm_s)
     return floor
+
+
+def least_end_costs(lengths: np.ndarray, microbatches: int, token_budget: int,
+                    cost: WorkCost) -> tuple[float, float]:
+    """The least the first and last micro-batches of any plan of ``lengths`` into
+    ``microbatches`` (>= 2) can cost: together they hold every token the other micro-batches
+    cannot (``sum - (microbatches - 2) x budget``), at most a budget each, and the cheapest
+    tokens are the shortest documents' (a document's cost per token grows with its length);
+    documents may be split here, so this is a lower bound. ``(smaller, larger)``."""
+    x = np.sort(np.asarray(lengths, dtype=np.float64))
+    need = max(0.0, float(x.sum()) - (microbatches - 2) * token_budget)
+    fixed = cost.per_microbatch + cost.per_document
+    per_token = cost.per_token + cost.per_token_sq * x  # each document's cost per token
+    edges = np.concatenate([[0.0], np.cumsum(x)])
+
+    def tokens_cost(lo: float, hi: float) -> float:
+        """Cost of the tokens from ``lo`` to ``hi`` of the documents shortest first."""
+        take = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0.0, None)
+        return float((take * per_token).sum())
+
+    small = max(0.0, need - token_budget)
+    large = min(need, float(token_budget))
+    return ((fixed if small > 0 else 0.0) + tokens_cost(0.0, small),
+            (fixed if large > 0 else 0.0) + tokens_cost(small, small + large))

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from bubblecast.policy.work_timing import critical_path_floor, time_replicas
+from bubblecast.policy.work_timing import critical_path_floor, least_end_costs, time_replicas
 from bubblecast.sim.documents import WorkCost
 
 
@@ -34,13 +34,11 @@ def test_the_critical_path_floor_is_below_every_plan_of_the_documents(seed: int,
             continue
         plans.append(cost.microbatch(tokens, np.bincount(s, x * x, minlength=3),
                                      np.bincount(s, minlength=3)))
-    window, _ = time_replicas(schedule, P, 1, 0.0, plans,
+    comm = rng.uniform(0, 50) if seed % 2 else 0.0
+    window, _ = time_replicas(schedule, P, 1, comm, plans,
                               np.broadcast_to(kinds, (len(plans), P, 3)))
     total = float(cost.documents_cost(x).sum()) + cost.per_microbatch * 3
-    ends = max(0.0, x.sum() - budget)
-    floor = critical_path_floor(kinds, total, ends, budget,
-                                (cost.per_microbatch + cost.per_document,
-                                 cost.per_token + cost.per_token_sq * x.min()))
+    floor = critical_path_floor(kinds, total, least_end_costs(x, 3, int(budget), cost), comm)
     assert len(plans) > 50
     assert window.min() >= floor * (1 - 1e-12)
     if schedule == "1f1b":
