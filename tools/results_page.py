@@ -104,6 +104,8 @@ ABOUT = {
              "older one.", "Reading"),
     "peers": ("bubblecast beside its peers on the same work: features against mlforecast, "
               "`whatif` and `simulate` end to end against bare imports.", None),
+    "decisions": ("Predictive driven by a trained LightGBM against the trend forecaster: oracle "
+                  "share per scenario family.", "Decisions: LightGBM against the trend"),
     "live_balance": ("Planning each step's packed documents live on a real CPU pipeline "
                      "(the packed GPT): static, tokens and balance interleaved in one launch; "
                      "documents only, and one slow replica.", "Work balancing, live"),
@@ -681,22 +683,35 @@ def r_live_balance(doc: dict) -> list[str]:
              f"{doc['scale']['onset']}.", ""]
     for setting, s in doc["settings"].items():
         cm = s["cost_model_heldout"]
+        noise = cm.get("noise")
+        floor = (f"; no model can go below {fmt(noise['p90_floor'], '.3f')} there: the 80th "
+                 f"percentile of the spread of {noise['pairs']} ops the run and its same-seed "
+                 f"twin both ran") if noise else ""
         lines += [f"**{setting}** (cost model: {cm.get('learner')}, p90 relative error on a "
-                  f"held-out live run {fmt(cm.get('p90_rel_error'), '.3f')})", ""]
+                  f"held-out live run {fmt(cm.get('p90_rel_error'), '.3f')}{floor})", ""]
+        call = any(m.get("plan_call_ms") is not None for m in s["mean"].values())
         rows = [(n, fmt(m["samples_s"], ".1f"), fmt(m["ratio"], ".3f") + "x",
                  fmt(m["ratio_paired_median"], ".3f"), fmt(m["recovery"], ".2f"),
-                 fmt(m["decision_ms"], ".2f")) for n, m in s["mean"].items()]
+                 fmt(m["decision_ms"], ".2f"),
+                 *((fmt(m.get("plan_call_ms"), ".2f"),) if call else ()))
+                for n, m in s["mean"].items()]
         lines += table(["trainer", "documents/s", "vs static", "per-step median vs static",
-                        "recovery", "plan ms"], rows)
+                        "recovery", "plan ms", *(("plan call ms",) if call else ())], rows)
         off = s["offline_speedup"]
         lines += [f"balance vs static per run: {fmt(s['balance_ratio_per_run'], '.3f')}. "
                   "Offline `policy-eval` on the static trainer's recorded documents: "
-                  + ", ".join(f"{n} {fmt(v, '.3f')}x" for n, v in off.items())
+                  + ", ".join(f"{n} {fmt(v, '.3f')}x" for n, v in off.items() if v is not None)
                   + f"; live balance gain over predicted: "
                   f"{fmt(s['gain_share_of_offline'], '.2f')}. Planner overhead (the loader's "
                   f"own plan through the live planner, A/B against static): "
                   f"{s['overhead_pct_planner']:+.2f}%; recording: "
                   f"{s['overhead_pct_recording']:+.2f}%.", ""]
+        cn = s.get("cost_noise")
+        if cn:
+            lines += [f"On the static trainer's ops the cost model's p90 relative error is "
+                      f"{fmt(cn['model_p90_rel_error'], '.3f')}; `static` and `loader` ran "
+                      f"{fmt(cn['pairs'], '.0f')} identical ops, whose spread puts any model's "
+                      f"p90 at {fmt(cn['p90_floor'], '.3f')} or more.", ""]
         if "bound" in s:
             b = s["bound"]
             lines += [f"Bound: the best integer split {b['split']} recovers "

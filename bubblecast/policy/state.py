@@ -70,7 +70,8 @@ class PolicyState:
     ``fixed`` ``(P,)`` each rank's per-micro-batch cost that stays with the rank whatever layers
     it holds, in ``costs`` units (None: 0; split evenly over a rank's virtual stages and over
     F, B, W like the layers' costs); ``neighbours``: the predictive policy also scores the
-    one-layer shifts of the solver's best split with the engine (the live decider sets it).
+    one-layer shifts of each of the solver's candidates with the engine (the live decider
+    sets it).
     """
 
     t: int
