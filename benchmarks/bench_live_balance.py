@@ -15,13 +15,15 @@ First, per setting, two static runs of the same setup are recorded (``collect``'
 healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
 held-out run: its p90 relative error there is the "cost model, live" figure). Then one launch
 per run holds one trainer per policy, each on its own process groups, their steps
-interleaved (order rotated every step, a barrier around each step) so that every policy sees
-the same load of this shared machine; every trainer reads the same documents (same seed), so
+interleaved (in an order shuffled every step, seeded, so that no trainer always follows the
+same one; a barrier around each step) so that every policy sees the same load of this shared
+machine; every trainer reads the same documents (same seed), so
 their losses must agree at every step (asserted, float32 tolerance) and samples/s compare plain
 step times. Extra trainers: ``loader`` (the live planner's machinery planning the loader's own
 order: its step time against ``static`` is the planning overhead, A/B on the same steps),
 ``unrecorded`` (static without telemetry: the recording overhead) and, in slow-replica,
-``healthy`` (static without the slowdown: the recovery's reference).
+``healthy`` (static without the slowdown: the recovery's reference). Each trainer's time in
+the step's plan call (the exchange with rank 0's planner thread included) is reported beside.
 
 Per run and policy: documents/s (after the first ``warm`` steps; in slow-replica over the slowed
 steps after ``settle`` more), the ratio to static; slow-replica: the share of the slowdown
@@ -29,8 +31,15 @@ recovered, ``(t_static - t_policy) / (t_static - t_healthy)``, beside the bound 
 integer split of the micro-batches gives when a replica's time is ``speed x (M_r + P - 1)``
 (fill and drain) -- 60% at 3|5 -- and the micro-batch counts balance ran. The static trainer's
 telemetry is also evaluated offline (``policy-eval``'s code, timed against the run's own fit):
-what the planner predicts for the same documents, the live gain's share of it, and the bound
-(every micro-batch at the step's mean cost). Plain means over runs.
+what the planner predicts for the same documents, the live gain's share of it, the bound (every
+micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
+micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
+also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
+micro-batches at the same steps, so their per-op time differences bound any cost model's error
+from below: the "noise floor" (for a prediction ``f`` of ops timed ``a`` and ``b``,
+``max(|f-a|/a, |f-b|/b) >= |a-b|/(a+b)``, so at least half the pairs whose spread exceeds ``x``
+put an error above ``x``: the p90 error of any model is at least the 80th percentile of the
+spread). Plain means over runs.
 
     python benchmarks/bench_live_balance.py [--quick] [--runs 3] [--settings documents]
 
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import time
@@ -118,7 +128,16 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     model = CostModel(holdout=0.5, seed=0).fit(events)
     where = root / f"{setting}-cost"
     save_cost_model(model, where)
-    return str(where), {"learner": model.learner_, **(model.metrics_.get("heldout") or {})}
+    # the held-out run again, same seed: its ops' spread is the noise floor of any cost model
+    held = model.training_["heldout_runs"][0]
+    seed = int(held.rsplit("-", 1)[1])
+    twin = root / f"{setting}-collect-{seed}-twin.parquet"
+    run_out_job(twin, train_config(setting, scale["collect"], seed, f"{held}-twin",
+                                   dilation_spec(setting)), timeout=1800)
+    noise = op_spread(read_events(root / f"{setting}-collect-{seed}.parquet"),
+                      read_events(twin))
+    return str(where), {"learner": model.learner_, **(model.metrics_.get("heldout") or {}),
+                        "heldout_run": held, "noise": noise}
 
 
 # -- one interleaved launch --------------------------------------------------------------------
@@ -147,8 +166,12 @@ def worker(job_dir: Path) -> None:
             trainers[name].packed.planner = LivePlanner(trainers[name], "loader")
     sync = dist.new_group(backend="gloo")
     step_s: dict[str, list[float]] = {n: [] for n in names}
-    for step in range(job["steps"]):
-        for name in names[step % len(names):] + names[:step % len(names)]:
+    plan_s: dict[str, list[float]] = {n: [] for n in names}
+    for name in names:
+        trainers[name].packed.plan = _timed(trainers[name].packed.plan, plan_s[name])
+    order = random.Random(job["seed"])
+    for _ in range(job["steps"]):
+        for name in order.sample(names, len(names)):
             dist.barrier(group=sync)
             t0 = time.perf_counter()
             trainers[name].train_step()
@@ -158,7 +181,8 @@ def worker(job_dir: Path) -> None:
     for name in names:
         t = trainers[name]
         planner = t.packed.planner
-        out[name] = {"step_s": step_s[name], "losses": t.gather_losses(),
+        out[name] = {"step_s": step_s[name], "plan_s": plan_s[name],
+                     "losses": t.gather_losses(),
                      "counts": {str(k): v for k, v in t.packed.counts.items()},
                      "documents": [len(t.packed.loader.lengths(k)) for k in range(job["steps"])],
                      "decisions": planner.decisions if planner is not None else [],
@@ -174,6 +198,17 @@ def worker(job_dir: Path) -> None:
     dist.destroy_process_group()
 
 
+def _timed(fn: Any, sink: list[float]) -> Any:
+    """``fn`` appending its wall seconds per call to ``sink``."""
+    def call(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            sink.append(time.perf_counter() - t0)
+    return call
+
+
 def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -> dict:
     from bubblecast.runtime.launch import failure_message, launch
 
@@ -187,17 +222,20 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         config = replace(config, planner=planner,
                          cost_model=cost if planner == "balance" else None)
         runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
-                      "write": name == "static",
+                      "write": name in ("static", "loader"),
                       "loader": name == "loader"}
     ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
     with tempfile.TemporaryDirectory(prefix="bench-live-balance-") as tmp:
         job_dir = Path(tmp)
-        (job_dir / "bench.json").write_text(json.dumps({"runs": runs, "steps": scale["steps"]}))
+        (job_dir / "bench.json").write_text(json.dumps({"runs": runs, "steps": scale["steps"],
+                                                        "seed": seed}))
         code = launch(job_dir, ranks, script=__file__, timeout=3600)
         if code != 0:
             sys.exit(f"benchmark failed: {failure_message(job_dir)}")
         out = json.loads((job_dir / "result.json").read_text())
         out["offline"] = offline_prediction(job_dir / "static.parquet", cost)
+        out["cost_noise"] = cost_noise(job_dir / "static.parquet", job_dir / "loader.parquet",
+                                       cost)
         return out
 
 
@@ -215,7 +253,40 @@ def offline_prediction(static_run: Path, cost: str) -> dict[str, float]:
     rows = result["policies"]
     out = {n: float(rows[n]["speedup_vs_static"]) for n in names}
     out["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
+    floor = rows["static"].get("floor_step_s")
+    out["floor"] = float(rows["static"]["step_s"] / floor) if floor else None
     return out
+
+
+def cost_noise(static_run: Path, loader_run: Path, cost: str) -> dict[str, float]:
+    """The cost model's error on the static trainer's ops and the noise floor under any cost
+    model's error: per compute op run by both ``static`` and ``loader`` (same micro-batch,
+    step and rank), the spread ``|a - b| / (a + b)`` (see the module doc)."""
+    from bubblecast.forecast.cost_modeldir import load_cost_model
+    from bubblecast.telemetry import read_events
+
+    static = read_events(static_run)
+    scored = load_cost_model(cost).score(static, str(static_run))
+    return {**op_spread(static, read_events(loader_run)),
+            "model_p50_rel_error": float(scored["p50_rel_error"]),
+            "model_p90_rel_error": float(scored["p90_rel_error"])}
+
+
+def op_spread(a_events: Any, b_events: Any) -> dict[str, float]:
+    """Over the compute ops both runs ran (same step, rank, micro-batch and kind: the same
+    work), the spread ``|a - b| / (a + b)`` of their seconds: its median and its 80th
+    percentile, the floor under any cost model's p90 error (see the module doc)."""
+    keys = ["step", "rank", "microbatch", "op"]
+    frames = []
+    for events in (a_events, b_events):
+        f = events.frame
+        f = f[f["op"].astype(str).isin(["F", "B", "W"]) & (f["microbatch"] >= 0)]
+        frames.append(f.assign(op=f["op"].astype(str))[keys + ["duration_s"]])
+    both = frames[0].merge(frames[1], on=keys, suffixes=("_a", "_b"))
+    a, b = both["duration_s_a"].to_numpy(), both["duration_s_b"].to_numpy()
+    spread = np.abs(a - b) / np.maximum(a + b, 1e-12)
+    return {"pairs": int(len(both)), "spread_p50": float(np.quantile(spread, 0.5)),
+            "p90_floor": float(np.quantile(spread, 0.8))}
 
 
 # -- figures -------------------------------------------------------------------------------
@@ -236,6 +307,7 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     out: dict[str, Any] = {}
     raw = dict(raw)
     offline = raw.pop("offline")
+    noise = raw.pop("cost_noise")
     ref = raw["static"]["losses"]
     for name, r in raw.items():
         losses = r["losses"]
@@ -250,6 +322,7 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
                      "step_s": float(step.mean()), "loss_max_rel_diff": worst,
                      "ratio_paired_median": float(1.0 / np.median(paired)),
                      "decision_ms": 1e3 * float(np.mean(lat)) if lat else None,
+                     "plan_call_ms": 1e3 * float(np.mean(r["plan_s"][lo:])),
                      "fallbacks": sum(1 for d in r["decisions"] if d.get("fallback"))}
         if name == "balance":
             counts = np.array([r["counts"][str(k)] for k in range(len(r["step_s"]))])
@@ -262,6 +335,7 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
                          for n in ("static", "balance", *(("healthy",) if slow else ()))}
     out["offline_speedup"] = offline
+    out["cost_noise"] = noise
     predicted = offline["balance"] - 1.0
     out["gain_share_of_offline"] = (out["balance"]["ratio"] - 1.0) / predicted \
         if predicted > 0 else None
@@ -270,6 +344,11 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
     # paired per step (interleaved steps share the machine's load): robust to load spikes
     out["overhead_pct_planner_paired_median"] = 100.0 * (
         1.0 / out["loader"]["ratio_paired_median"] - 1.0)
+    # the A/B's own noise: standard error of the mean per-step log ratio, in percent
+    log_ratio = np.log(np.asarray(raw["loader"]["step_s"])[lo:]
+                       / np.asarray(raw["static"]["step_s"])[lo:])
+    out["overhead_pct_planner_se"] = 100.0 * float(log_ratio.std(ddof=1)
+                                                   / np.sqrt(len(log_ratio)))
     if slow:
         t_static, t_healthy = base["step_s"], out["healthy"]["step_s"]
         for name in ("tokens", "balance"):
@@ -314,19 +393,23 @@ def main() -> None:
                 runs.append(summarise_run(setting, run_interleaved(setting, scale, 100 + k,
                                                                    cost), scale))
             names = [n for n in runs[0] if isinstance(runs[0][n], dict)
-                     and n not in ("offline_speedup", "per_step_s")]
+                     and n not in ("offline_speedup", "per_step_s", "cost_noise")]
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
-                         "decision_ms")}
+                         "decision_ms", "plan_call_ms")}
                     for n in names}
             entry = {"cost_model_heldout": metrics, "runs": runs, "mean": mean,
                      "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
                                                            for r in runs])),
                      "overhead_pct_recording": float(np.mean([r["overhead_pct_recording"]
                                                              for r in runs])),
-                     "offline_speedup": {n: float(np.mean([r["offline_speedup"][n]
-                                                           for r in runs]))
+                     "overhead_pct_planner_per_run": [r["overhead_pct_planner"] for r in runs],
+                     "overhead_pct_planner_se_per_run": [r["overhead_pct_planner_se"]
+                                                         for r in runs],
+                     "offline_speedup": {n: mean_of(runs, ("offline_speedup", n))
                                          for n in runs[0]["offline_speedup"]},
+                     "cost_noise": {k: mean_of(runs, ("cost_noise", k))
+                                    for k in runs[0]["cost_noise"]},
                      "gain_share_of_offline": mean_of(runs, ("gain_share_of_offline",)),
                      "balance_ratio_per_run": [r["balance"]["ratio"] for r in runs]}
             if setting == "slow-replica":
@@ -334,22 +417,34 @@ def main() -> None:
                                              SETTINGS[setting]["stages"], FACTOR)
             doc["settings"][setting] = entry
             print(f"\n{setting} (mean of {args.runs}; cost model held-out p90 "
-                  f"{metrics.get('p90_rel_error', float('nan')):.3f}, {metrics.get('learner')})")
+                  f"{metrics.get('p90_rel_error', float('nan')):.3f}, {metrics.get('learner')}; "
+                  f"floor under any model's p90 on that run {metrics['noise']['p90_floor']:.3f} "
+                  f"from {metrics['noise']['pairs']} ops run twice)")
             print(f"{'policy':<12}{'docs/s':>10}{'x static':>10}{'paired':>9}{'recovery':>10}"
-                  f"{'decide ms':>11}")
+                  f"{'decide ms':>11}{'plan call ms':>14}")
             for n in names:
                 m = mean[n]
                 rec = "-" if m["recovery"] is None else f"{m['recovery']:.2f}"
                 dec = "-" if m["decision_ms"] is None else f"{m['decision_ms']:.2f}"
                 print(f"{n:<12}{m['samples_s']:>10.1f}{m['ratio']:>10.3f}"
-                      f"{m['ratio_paired_median']:>9.3f}{rec:>10}{dec:>11}")
+                      f"{m['ratio_paired_median']:>9.3f}{rec:>10}{dec:>11}"
+                      f"{m['plan_call_ms']:>14.2f}")
             print(f"planner overhead {entry['overhead_pct_planner']:+.2f}% (loader plan vs "
-                  f"static), recording {entry['overhead_pct_recording']:+.2f}%")
+                  f"static; per run " + ", ".join(
+                      f"{v:+.2f}% (se {e:.2f})" for v, e in zip(
+                          entry["overhead_pct_planner_per_run"],
+                          entry["overhead_pct_planner_se_per_run"], strict=True))
+                  + f"), recording {entry['overhead_pct_recording']:+.2f}%")
             off = entry["offline_speedup"]
             share = entry["gain_share_of_offline"]
             print("offline policy-eval on the static trainer's documents (mean): " + ", ".join(
-                f"{n} {v:.3f}x" for n, v in off.items()) + "; live balance gain / predicted: "
+                f"{n} {v:.3f}x" for n, v in off.items() if v is not None)
+                + "; live balance gain / predicted: "
                 + ("-" if share is None else f"{share:.2f}"))
+            noise = entry["cost_noise"]
+            print(f"cost model on the static trainer's ops: p90 {noise['model_p90_rel_error']:.3f}"
+                  f"; any model's p90 is at least {noise['p90_floor']:.3f} (80th percentile of "
+                  f"the static/loader spread on {noise['pairs']:.0f} identical ops)")
             print("balance x static per run: " + ", ".join(
                 f"{v:.3f}" for v in entry["balance_ratio_per_run"]))
             if "bound" in entry:
