@@ -89,12 +89,13 @@ def _chunks(events: Events, frame: pd.DataFrame) -> np.ndarray:
     return run.map(per_run).to_numpy(np.float64)
 
 
-def speed_table(rows: pd.DataFrame, nominal: np.ndarray) -> pd.DataFrame:
+def speed_table(rows: pd.DataFrame, nominal: np.ndarray, window: int = 1) -> pd.DataFrame:
     """Per (run, rank, step), in row order: ``observed_s`` and ``nominal_s`` summed over the
     rows whose ``nominal`` (seconds at speed 1) is finite, ``ratio`` (observed / nominal; NaN
-    where nominal is not positive) and ``recent`` (the speed known before the step: the
-    previous step's ratio, else the median of earlier ratios, else 1), plus ``stage`` and
-    ``replica``. ``group`` maps each row to its line of the table."""
+    where nominal is not positive) and ``recent`` (the speed known before the step: the median
+    of the ratios of the previous ``window`` steps that have one, else of all earlier steps,
+    else 1), plus ``stage`` and ``replica``. ``group`` maps each row to its line of the
+    table."""
     run = rows["run_id"].to_numpy()
     rank = rows["rank"].to_numpy()
     step = rows["step"].to_numpy()
@@ -111,11 +112,10 @@ def speed_table(rows: pd.DataFrame, nominal: np.ndarray) -> pd.DataFrame:
         ratio = np.where(predicted > 0, observed / predicted, np.nan)
     starts = np.ones(len(first), dtype=bool)  # each (run, rank)'s first step
     starts[1:] = (run[first][1:] != run[first][:-1]) | (rank[first][1:] != rank[first][:-1])
-    recent = np.empty(len(first))
-    recent[0] = np.nan
-    recent[1:] = ratio[:-1]
-    recent[starts] = np.nan
     segment = np.cumsum(starts) - 1
+    lagged = pd.Series(ratio).groupby(segment).shift(1)
+    recent = lagged.groupby(segment).rolling(window, min_periods=1).median() \
+        .reset_index(level=0, drop=True).sort_index().to_numpy(copy=True)
     seg_start = np.flatnonzero(starts)
     for i in np.flatnonzero(~np.isfinite(recent)):
         earlier = ratio[seg_start[segment[i]]:i]

@@ -1,12 +1,15 @@
 """The learned micro-batch cost model: a packed micro-batch's F/B/W seconds on a stage.
 
 Structure: ``duration = speed_recent(run, rank, step) x layers x g_kind(tokens, tokens_sq,
-documents)``, where ``speed_recent`` is the rank's speed known before the step (lag 1, see
-:mod:`bubblecast.forecast.cost_features`) and ``g_kind`` the per-layer cost of op kind ``F``,
-``B``, ``W`` (or ``BW``, the fused backward) at speed 1. Speed 1 is the median speed of the
-training runs (the speed ratios are normalised to median 1). Fitting alternates ``rounds``
+documents)``, where ``speed_recent`` is the rank's speed known before the step: the median of
+its previous ``w`` steps' speeds (:mod:`bubblecast.forecast.cost_features`). ``w = 1`` follows
+a change at once; a few steps' median does not carry one step's noise into the next. With
+``speed_window="auto"`` both are fitted and the held-out runs choose (``speed_window_``) and
+``g_kind`` the per-layer cost of op kind ``F``, ``B``, ``W`` (or ``BW``, the fused backward)
+at speed 1. Speed 1 is the median speed of the training runs (the speed ratios are normalised
+to median 1). Fitting alternates ``rounds``
 times: fit ``g`` on durations / (current speed x layers), recompute every (run, rank, step)'s
-observed / nominal ratio, lag it.
+observed / nominal ratio, take the median of the previous ``w``.
 
 Two learners, fitted on the fit runs and chosen by p90 relative error on held-out runs (whole
 runs, ``holdout`` share, seeded): ``linear``, non-negative least squares per kind on
@@ -50,6 +53,8 @@ from bubblecast.sim.documents import WorkCost
 from bubblecast.telemetry.events import Events
 
 LEARNERS: tuple[str, ...] = ("auto", "linear", "lgbm")
+#: The speed windows ``speed_window="auto"`` chooses from on held-out runs.
+SPEED_WINDOWS: tuple[int, ...] = (1, 8)
 #: The interval :meth:`CostModel.score` checks (``coverage_p10_p90``).
 BOUNDS: tuple[float, float] = (0.1, 0.9)
 _CODE = {k: i for i, k in enumerate(KINDS)}
@@ -60,14 +65,16 @@ class CostModel:
 
     Estimator rules as scikit-learn: ``__init__`` stores parameters, :meth:`fit` returns self,
     fitted attributes end in ``_``. ``learner``: ``auto`` (chosen on held-out runs; ``linear``
-    when ``holdout`` is 0), ``linear`` or ``lgbm``."""
+    when ``holdout`` is 0), ``linear`` or ``lgbm``. ``speed_window``: the steps whose median
+    speed makes ``speed_recent``, an integer >= 1 or ``auto`` (each of :data:`SPEED_WINDOWS`,
+    chosen on held-out runs like the learner; 1 when ``holdout`` is 0)."""
 
     kind: ClassVar[str] = COST_KIND
 
     def __init__(self, learner: str = "auto", holdout: float = 0.2, rounds: int = 3,
                  n_estimators: int = 300, learning_rate: float = 0.05, num_leaves: int = 31,
                  min_child_samples: int = 20, max_train_rows: int | None = 200_000,
-                 seed: int = 0) -> None:
+                 speed_window: int | str = "auto", seed: int = 0) -> None:
         self.learner = learner
         self.holdout = holdout
         self.rounds = rounds
@@ -76,6 +83,7 @@ class CostModel:
         self.num_leaves = num_leaves
         self.min_child_samples = min_child_samples
         self.max_train_rows = max_train_rows
+        self.speed_window = speed_window
         self.seed = seed
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -97,6 +105,23 @@ class CostModel:
         """Fit on the compute ops of ``events`` (see the module doc); one-line errors naming
         ``where`` for unusable events, or a single run when ``holdout`` > 0."""
         self._check_params()
+        if self.speed_window != "auto":
+            windows: tuple[int, ...] = (int(self.speed_window),)
+        else:
+            windows = SPEED_WINDOWS if float(self.holdout) > 0 else (1,)
+        fits = []
+        for w in windows:
+            self.speed_window_ = w
+            self._fit_window(events, where)
+            p90 = self.heldout_["p90_rel_error"] if self.heldout_ else 0.0
+            fits.append((p90, w, dict(self.__dict__)))
+        best = min(fits, key=lambda f: (f[0], f[1]))
+        self.__dict__.update(best[2])
+        self.metrics_["speed_window"] = {str(w): p90 for p90, w, _ in fits}
+        return self
+
+    def _fit_window(self, events: Events, where: str) -> None:
+        """:meth:`fit` with ``speed_recent`` over ``speed_window_`` steps."""
         rows = cost_rows(events, where)
         self.has_tokens_sq_ = bool(np.isfinite(rows["tokens_sq"]).any())
         self.has_documents_ = bool(np.isfinite(rows["documents"]).any())
@@ -134,7 +159,6 @@ class CostModel:
                           "heldout_rows": 0 if held is None else len(held),
                           "model_shape": model_shape(events)}
         self.sample_ = self._features_frame(fit_rows.head(5))
-        return self
 
     def _check_params(self) -> None:
         if self.learner not in LEARNERS:
@@ -144,6 +168,9 @@ class CostModel:
             raise BubblecastError(f"holdout: must be in [0, 1), got {self.holdout}")
         if not isinstance(self.rounds, int) or self.rounds < 1:
             raise BubblecastError(f"rounds: must be an integer >= 1, got {self.rounds!r}")
+        w = self.speed_window
+        if w != "auto" and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise BubblecastError(f"speed_window: must be an integer >= 1 or 'auto', got {w!r}")
 
     @property
     def terms_(self) -> tuple[str, ...]:
@@ -264,7 +291,7 @@ class CostModel:
         return self._with_speed(rows)
 
     def _with_speed(self, rows: pd.DataFrame) -> pd.DataFrame:
-        table = speed_table(rows, self._nominal(rows))
+        table = speed_table(rows, self._nominal(rows), self.speed_window_)
         return rows.assign(speed_recent=table["recent"].to_numpy()[table.attrs["group"]])
 
     def _resolve(self, kind: str) -> list[str]:

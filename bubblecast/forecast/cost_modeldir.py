@@ -81,6 +81,7 @@ def cost_model_doc(model: CostModel) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": COST_KIND,
             "version": COST_VERSION, "bubblecast_version": __version__,
             "learner": model.learner_, "params": model.get_params(), "kinds": model.kinds_,
+            "speed_window": model.speed_window_,
             "features": model.features, "has_tokens_sq": model.has_tokens_sq_,
             "has_documents": model.has_documents_, "coefficients": _table(model.coef_),
             "surrogate": _table(model.surrogate_), "work_cost": model.work_cost().to_json(),
@@ -96,6 +97,7 @@ def cost_model_from_doc(doc: dict[str, Any], directory: str | os.PathLike[str]) 
     """A fitted cost model from its ``model.json`` document and directory."""
     names = CostModel().get_params()
     model = CostModel(**{k: v for k, v in doc["params"].items() if k in names})
+    model.speed_window_ = int(doc.get("speed_window", 1))  # saved before it: the last step
     model.learner_ = str(doc["learner"])
     model.kinds_ = [str(k) for k in doc["kinds"]]
     model.has_tokens_sq_ = bool(doc["has_tokens_sq"])

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from bubblecast.errors import BubblecastError
-from bubblecast.forecast.cost_model import CostModel
+from bubblecast.forecast.cost_model import SPEED_WINDOWS, CostModel
 from bubblecast.forecast.cost_modeldir import (
     load_any_model,
     load_cost_model,
@@ -113,12 +113,14 @@ def test_recent_speed_sees_no_future(linear, fresh_events):
     altered = from_frame(frame, run.runs)
     before, after = linear.rows(run), linear.rows(altered)
     steps = before["step"].to_numpy()
-    known = steps <= t + 1  # step t + 1 uses step t's ratio, still unaltered
+    known = steps <= t + 1  # step t + 1 uses steps up to t, still unaltered
     np.testing.assert_array_equal(before["speed_recent"].to_numpy()[known],
                                   after["speed_recent"].to_numpy()[known])
-    # ...and the test can fail: from step t + 2 on the recent speed is the altered ratio.
-    grown = after["speed_recent"].to_numpy()[steps == t + 2] / \
-        before["speed_recent"].to_numpy()[steps == t + 2]
+    # ...and the test can fail: once the whole window is altered, so is the recent speed.
+    w = linear.speed_window_
+    assert w in SPEED_WINDOWS
+    grown = after["speed_recent"].to_numpy()[steps == t + 1 + w] / \
+        before["speed_recent"].to_numpy()[steps == t + 1 + w]
     np.testing.assert_allclose(grown, 3.0, rtol=1e-9)
     assert (before.loc[before["step"] == 0, "speed_recent"] == 1.0).all()
 
@@ -311,3 +313,23 @@ def test_the_model_shape_of_the_training_runs_is_recorded_and_compared(train_eve
     first = next(iter(runs.values()))
     first.extra["model"]["hidden"] = 32
     assert model_shape(Events(train_events.frame, runs))["mixed"][0]["hidden"] == 32
+
+
+def test_auto_speed_window_is_chosen_on_the_held_out_runs(linear, tmp_path):
+    tried = linear.metrics_["speed_window"]
+    assert sorted(int(w) for w in tried) == sorted(SPEED_WINDOWS)
+    assert tried[str(linear.speed_window_)] == min(tried.values())
+    assert linear.heldout_["p90_rel_error"] == tried[str(linear.speed_window_)]
+    # a model directory from before the window existed loads with the previous step's speed
+    path = save_cost_model(linear, tmp_path / "cost")
+    doc = json.loads((path / "model.json").read_text())
+    assert doc["speed_window"] == linear.speed_window_
+    del doc["speed_window"]
+    (path / "model.json").write_text(json.dumps(doc))
+    assert load_cost_model(path).speed_window_ == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "median"])
+def test_bad_speed_window_is_refused(train_events, bad):
+    with pytest.raises(BubblecastError, match="speed_window: must be an integer >= 1 or 'auto'"):
+        CostModel(speed_window=bad).fit(train_events)
