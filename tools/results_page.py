@@ -902,9 +902,10 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     def live_documents(d: dict) -> str:
         s = d["settings"]["documents"]
         m, off = s["mean"], s["offline_speedup"]
+        floor = (f", no plan beyond {off['floor']:.3f}x (critical-path floor)"
+                 if off.get("floor") else f", perfect-balance bound {off['bound']:.3f}x")
         return (f"balance {m['balance']['ratio']:.3f}x static, tokens {m['tokens']['ratio']:.3f}x; "
-                f"offline on the same documents: balance {off['balance']:.3f}x, perfect-balance "
-                f"bound {off['bound']:.3f}x")
+                f"offline on the same documents: balance {off['balance']:.3f}x{floor}")
 
     def live_slow(d: dict) -> str:
         s = d["settings"]["slow-replica"]
