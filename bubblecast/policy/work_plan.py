@@ -340,18 +340,20 @@ def _replica_times(config: PlanConfig, m: int, rows: list[np.ndarray],
     return step_times(shape, op_durations(shape, f, b, ww))[0]
 
 
-def _light_ends(docs: list[int], x: np.ndarray, m: int, budget: int
+def _light_ends(docs: list[int], x: np.ndarray, per_token: np.ndarray, m: int, budget: int
                 ) -> list[list[int]] | None:
-    """One replica's documents repacked with light ends (``m >= 3``): by decreasing length,
-    each document goes to the emptiest of the ``m - 2`` middle micro-batches with room, else
-    to the ends; the ends take the longest of those first, then the other. The middle
-    micro-batches run between the ends by decreasing token count. None when the ends
-    overflow. Per-stage work does not depend on the packing, only the fill and drain do: a
-    pipeline's first forwards and last backwards wait on the end micro-batches."""
+    """One replica's documents repacked with light ends (``m >= 3``): by decreasing cost per
+    token (``per_token``: each document's cost over its length; long documents pay for
+    attention, very short ones for their per-document overhead), then decreasing length, each
+    document goes to the emptiest of the ``m - 2`` middle micro-batches with room, else to the
+    ends; the ends take the longest of those first, then the other. The middle micro-batches
+    run between the ends by decreasing token count. None when the ends overflow. Per-stage work
+    does not depend on the packing, only the fill and drain do: a pipeline's first forwards and
+    last backwards wait on the end micro-batches."""
     mids: list[list[int]] = [[] for _ in range(m - 2)]
     room = [budget] * (m - 2)
     ends: list[int] = []
-    for i in sorted(docs, key=lambda i: (-x[i], i)):
+    for i in sorted(docs, key=lambda i: (-per_token[i], -x[i], i)):
         k = max(range(m - 2), key=lambda k: room[k])
         if room[k] >= x[i]:
             mids[k].append(i)
@@ -361,7 +363,7 @@ def _light_ends(docs: list[int], x: np.ndarray, m: int, budget: int
     first: list[int] = []
     last: list[int] = []
     space = [budget, budget]
-    for i in ends:  # already by decreasing length
+    for i in sorted(ends, key=lambda i: (-x[i], i)):
         side = 0 if space[0] >= x[i] else 1 if space[1] >= x[i] else -1
         if side < 0:
             return None
@@ -380,7 +382,9 @@ def _candidates(bins: list[list[int]], bin_cost: np.ndarray, x: np.ndarray,
     (:func:`_light_ends`) both ways round."""
     out = [([bins[j] for j in o.tolist()], bin_cost[o]) for o in _orders(bin_cost)]
     if len(bins) >= 3:
-        ends = _light_ends([i for b in bins for i in b], x, len(bins), config.token_budget)
+        per_token = np.round(cost.documents_cost(x) / x, 12)  # ties: by length
+        ends = _light_ends([i for b in bins for i in b], x, per_token, len(bins),
+                           config.token_budget)
         if ends is not None and all(ends):
             owner = np.concatenate([np.full(len(b), j) for j, b in enumerate(ends)])
             tokens, sq, docs = microbatch_stats(x[np.concatenate(ends)], owner, len(ends))

@@ -94,21 +94,23 @@ def least_end_costs(lengths: np.ndarray, microbatches: int, token_budget: int,
                     cost: WorkCost) -> tuple[float, float]:
     """The least the first and last micro-batches of any plan of ``lengths`` into
     ``microbatches`` (>= 2) can cost: together they hold every token the other micro-batches
-    cannot (``sum - (microbatches - 2) x budget``), at most a budget each, and the cheapest
-    tokens are the shortest documents' (a document's cost per token grows with its length);
-    documents may be split here, so this is a lower bound. ``(smaller, larger)``."""
-    x = np.sort(np.asarray(lengths, dtype=np.float64))
+    cannot (``sum - (microbatches - 2) x budget``), at most a budget each, and take the
+    cheapest tokens, those of the documents with the lowest cost per token; documents may be
+    split here, so this is a lower bound. ``(smaller, larger)``."""
+    x = np.asarray(lengths, dtype=np.float64)
+    per_token = cost.documents_cost(x) / x  # each document's cost per token
+    order = np.argsort(per_token, kind="stable")
+    x, per_token = x[order], per_token[order]
     need = max(0.0, float(x.sum()) - (microbatches - 2) * token_budget)
-    fixed = cost.per_microbatch + cost.per_document
-    per_token = cost.per_token + cost.per_token_sq * x  # each document's cost per token
     edges = np.concatenate([[0.0], np.cumsum(x)])
 
     def tokens_cost(lo: float, hi: float) -> float:
-        """Cost of the tokens from ``lo`` to ``hi`` of the documents shortest first."""
+        """Cost of the tokens from ``lo`` to ``hi`` of the documents cheapest per token first."""
         take = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0.0, None)
         return float((take * per_token).sum())
 
     small = max(0.0, need - token_budget)
     large = min(need, float(token_budget))
+    fixed = cost.per_microbatch
     return ((fixed if small > 0 else 0.0) + tokens_cost(0.0, small),
             (fixed if large > 0 else 0.0) + tokens_cost(small, small + large))

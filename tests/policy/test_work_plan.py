@@ -100,3 +100,17 @@ def test_fewer_documents_than_microbatches_is_bad_input():
         plan_batch([10] * 7, config)
     with pytest.raises(BubblecastError, match="longer than the token budget 64"):
         plan_batch([10] * 7 + [65], config)
+
+
+def test_light_ends_take_the_documents_cheapest_per_token():
+    """One replica: the ends get the documents cheapest per token under the cost, not the
+    shortest: with a per-document overhead, 10-token documents cost 6 per token against 1.5
+    for 250-300-token ones, so they fill the middle micro-batches and the ends stay light."""
+    x = np.array([250] * 8 + [10] * 60 + [300] * 4)
+    x = x[np.random.default_rng(0).permutation(len(x))]
+    config = PlanConfig(token_budget=1000, replicas=1, microbatches=4, stages=2)
+    cost = WorkCost(per_token=1, per_token_sq=0.002, per_document=50)
+    plan = plan_batch(x, config, cost, None)
+    mbs = plan.microbatches[0]
+    assert not any(x[i] == 10 for mb in (mbs[0], mbs[-1]) for i in mb)
+    assert max(plan.cost[0][0], plan.cost[0][-1]) < min(plan.cost[0][1:-1])
