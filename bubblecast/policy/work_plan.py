@@ -376,13 +376,13 @@ def _light_ends(docs: list[int], x: np.ndarray, per_token: np.ndarray, m: int, b
 
 
 def _candidates(bins: list[list[int]], bin_cost: np.ndarray, x: np.ndarray,
-                config: PlanConfig, cost: WorkCost) -> list[tuple[list[list[int]], np.ndarray]]:
+                per_token: np.ndarray, config: PlanConfig, cost: WorkCost
+                ) -> list[tuple[list[list[int]], np.ndarray]]:
     """One replica's candidate plans in run order, with their micro-batch costs: the packed
     micro-batches in each of :func:`_orders`, and their documents repacked with light ends
     (:func:`_light_ends`) both ways round."""
     out = [([bins[j] for j in o.tolist()], bin_cost[o]) for o in _orders(bin_cost)]
     if len(bins) >= 3:
-        per_token = np.round(cost.documents_cost(x) / x, 12)  # ties: by length
         ends = _light_ends([i for b in bins for i in b], x, per_token, len(bins),
                            config.token_budget)
         if ends is not None and all(ends):
@@ -400,6 +400,7 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
     replicas with the same count in one call); the plan, its costs and its predicted step
     time (the slowest replica)."""
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+    per_token = np.round(cost.documents_cost(x) / x, 12)  # ties: by length
     chosen: dict[int, tuple[list[list[int]], np.ndarray]] = {}
     worst = 0.0
     for m in sorted(set(counts)):
@@ -407,7 +408,7 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
         rows, speed, cands_of = [], [], {}
         for r in group:
             lo, hi = starts[r], starts[r + 1]
-            cands_of[r] = _candidates(bins[lo:hi], bin_cost[lo:hi], x, config, cost)
+            cands_of[r] = _candidates(bins[lo:hi], bin_cost[lo:hi], x, per_token, config, cost)
             for _, c in cands_of[r]:
                 rows.append(c)
                 speed.append(speeds[r])
