@@ -22,9 +22,10 @@ How (:func:`plan_batch`):
    with capacities); then single documents move out of the slowest replica while that
    lowers the slowest replica's time.
 3. **Order** within each replica: the candidate orders (as packed, ascending, cheapest at
-   both ends) and a repacking of the replica's documents with light ends (the longest fill
-   the middle micro-batches, the rest go first and last, either way round: a stage's total
-   work does not depend on the packing, only the pipeline's fill and drain do) are timed
+   both ends) and a repacking of the replica's documents with light ends (the documents
+   costliest per token fill the middle micro-batches, the rest go first and last, either way
+   round: a stage's total work does not depend on the packing, only the pipeline's fill and
+   drain do) are timed
    with :mod:`bubblecast.sim.steptime` and the fastest kept; the plan's predicted step time
    is its slowest replica's.
 

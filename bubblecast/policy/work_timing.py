@@ -66,7 +66,6 @@ def predicted_plan_step(schedule: str, stages: int, costs: Sequence[Sequence[flo
     return float(window.max()) if len(window) else 0.0
 
 
-
 def critical_path_floor(kinds: np.ndarray, total_cost: float, end_costs: tuple[float, float],
                         comm_s: float = 0.0) -> float:
     """A lower bound on one replica's step over *every* plan of the same documents into the
