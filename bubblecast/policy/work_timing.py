@@ -6,6 +6,8 @@ A replica row is ``costs`` (``(m,)``: each micro-batch's cost, in run order) and
 layers included); its op durations are ``kinds[v, kind] * costs[j]`` (a backward without its own
 W op carries B + W, as everywhere). Offline evaluation times plans against the truth this way,
 policies predict their plans' step times this way, and ``whatif``'s ``balanced_work`` too.
+:func:`critical_path_floor` (with :func:`least_end_costs`) bounds from below what any plan of a
+step's documents can reach on one replica.
 """
 
 from __future__ import annotations
