@@ -110,8 +110,8 @@ def report_section(r: dict[str, Any], table: Any) -> list[str]:
             f"(`{r['cost_model']}`), and `run --policy balance --model {r['cost_model']}` "
             "planned every step's packing and order from it on a data-loader thread. "
             f"Losses agree with static to {r['loss_max_rel_diff']:.1e} (relative).",
-            table(["policy", "step (ms)", "documents/s", "speed-up vs static", "decisions",
-                   "fall-backs"], rows),
+            table(["policy", "mean step after warm-up (ms)", "documents/s (whole run)",
+                   "speed-up vs static (steps)", "decisions", "fall-backs"], rows),
             "What `policy-eval` predicts for the documents the static run saw (timed against "
             "the run's own fitted costs): " + ", ".join(f"{n} {v:.3f}x" for n, v in pred.items())
             + ". One short run on a shared CPU is noisy; benchmarks/bench_live_balance.py "
