@@ -13,7 +13,9 @@ Two settings (issue 25's goals), each ``--runs`` times:
 
 First, per setting, two static runs of the same setup are recorded (``collect``'s code path,
 healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
-held-out run: its p90 relative error there is the "cost model, live" figure). Then one launch
+held-out run: its p90 relative error there is the "cost model, live" figure); the held-out run
+is then recorded once more with the same seed, and the two runs' per-op spread is the noise
+floor under that figure (below). Then one launch
 per run holds one trainer per policy, each on its own process groups, their steps
 interleaved (in an order shuffled every step, seeded, so that no trainer always follows the
 same one; a barrier around each step) so that every policy sees the same load of this shared
@@ -42,6 +44,7 @@ put an error above ``x``: the p90 error of any model is at least the 80th percen
 spread). Plain means over runs.
 
     python benchmarks/bench_live_balance.py [--quick] [--runs 3] [--settings documents]
+        [--out results/live_balance-documents.json]
 
 Prints a table, writes benchmarks/results/live_balance.json (``--quick``: live_balance-quick).
 """
