@@ -232,13 +232,12 @@ def metric_features(frame: pd.DataFrame, events_frame: pd.DataFrame, metrics: pd
 
 
 def _median_by_row(now: np.ndarray) -> float:
-    """The median of the finite values of ``now`` as the dataset's grouped median takes it
-    (NaN skipped; an even count: the mean of the two middle values; none: NaN)."""
-    v = np.sort(now[~np.isnan(now)])
-    n = len(v)
-    if n == 0:
+    """The median of the values of ``now`` as the dataset's grouped median takes it
+    (``np.nanmedian``: NaN skipped, an even count the mean of the two middle values; none:
+    NaN, without numpy's all-NaN warning)."""
+    if np.isnan(now).all():
         return np.nan
-    return float(v[n // 2]) if n % 2 else float((v[n // 2 - 1] + v[n // 2]) / 2)
+    return float(np.nanmedian(now))
 
 
 def series_covariates(series: Mapping[str, np.ndarray], step: int, config: DatasetConfig,
