@@ -121,24 +121,22 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     from bubblecast.telemetry import read_events
     from bubblecast.telemetry.events import Events
 
-    paths = []
+    recorded = {}  # run id -> (seed, events)
     for seed in (11, 12):
         out = root / f"{setting}-collect-{seed}.parquet"
         run_out_job(out, train_config(setting, scale["collect"], seed, f"collect-{seed}",
                                       dilation_spec(setting)), timeout=1800)
-        paths.append(out)
-    events = Events.concat([read_events(p) for p in paths])
-    model = CostModel(holdout=0.5, seed=0).fit(events)
+        recorded[f"collect-{seed}"] = (seed, read_events(out))
+    model = CostModel(holdout=0.5, seed=0).fit(Events.concat([e for _, e in recorded.values()]))
     where = root / f"{setting}-cost"
     save_cost_model(model, where)
     # the held-out run again, same seed: its ops' spread is the noise floor of any cost model
     held = model.training_["heldout_runs"][0]
-    seed = int(held.rsplit("-", 1)[1])
+    seed, held_events = recorded[held]
     twin = root / f"{setting}-collect-{seed}-twin.parquet"
     run_out_job(twin, train_config(setting, scale["collect"], seed, f"{held}-twin",
                                    dilation_spec(setting)), timeout=1800)
-    noise = op_spread(read_events(root / f"{setting}-collect-{seed}.parquet"),
-                      read_events(twin))
+    noise = op_spread(held_events, read_events(twin))
     return str(where), {"learner": model.learner_, **(model.metrics_.get("heldout") or {}),
                         "heldout_run": held, "noise": noise}
 
@@ -235,24 +233,25 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         code = launch(job_dir, ranks, script=__file__, timeout=3600)
         if code != 0:
             sys.exit(f"benchmark failed: {failure_message(job_dir)}")
+        from bubblecast.telemetry import read_events
+
         out = json.loads((job_dir / "result.json").read_text())
-        out["offline"] = offline_prediction(job_dir / "static.parquet", cost)
-        out["cost_noise"] = cost_noise(job_dir / "static.parquet", job_dir / "loader.parquet",
-                                       cost)
+        static = read_events(job_dir / "static.parquet")  # read once, used twice
+        out["offline"] = offline_prediction(static, cost)
+        out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), cost)
         return out
 
 
-def offline_prediction(static_run: Path, cost: str) -> dict[str, float]:
+def offline_prediction(static: Any, cost: str) -> dict[str, float]:
     """What ``policy-eval`` predicts for the documents the static trainer recorded: each
     policy's speedup over static, timed against the run's own fit (no simulator truth:
     :mod:`bubblecast.policy.work_truth`), ``balance`` with the benchmark's cost model, and
     ``bound``: static over the step with every micro-batch at the step's mean cost (no packing
     does better with the loader's counts)."""
     from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
-    from bubblecast.telemetry import read_events
 
     names = ["static", "tokens", "balance", "oracle"]
-    result, _ = evaluate_events(read_events(static_run), names, EvalConfig(cost_model=cost))
+    result, _ = evaluate_events(static, names, EvalConfig(cost_model=cost))
     rows = result["policies"]
     out = {n: float(rows[n]["speedup_vs_static"]) for n in names}
     out["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
@@ -261,16 +260,15 @@ def offline_prediction(static_run: Path, cost: str) -> dict[str, float]:
     return out
 
 
-def cost_noise(static_run: Path, loader_run: Path, cost: str) -> dict[str, float]:
-    """The cost model's error on the static trainer's ops and the noise floor under any cost
-    model's error: per compute op run by both ``static`` and ``loader`` (same micro-batch,
-    step and rank), the spread ``|a - b| / (a + b)`` (see the module doc)."""
+def cost_noise(static: Any, loader: Any, cost: str) -> dict[str, float]:
+    """The cost model's error on the static trainer's ops (``static``: its events) and the
+    noise floor under any cost model's error: per compute op run by both ``static`` and
+    ``loader`` (same micro-batch, step and rank), the spread ``|a - b| / (a + b)`` (see the
+    module doc)."""
     from bubblecast.forecast.cost_modeldir import load_cost_model
-    from bubblecast.telemetry import read_events
 
-    static = read_events(static_run)
-    scored = load_cost_model(cost).score(static, str(static_run))
-    return {**op_spread(static, read_events(loader_run)),
+    scored = load_cost_model(cost).score(static, "the static trainer's events")
+    return {**op_spread(static, loader),
             "model_p50_rel_error": float(scored["p50_rel_error"]),
             "model_p90_rel_error": float(scored["p90_rel_error"])}
 
