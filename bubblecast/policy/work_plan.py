@@ -372,7 +372,7 @@ def _light_ends(docs: list[int], x: np.ndarray, per_token: np.ndarray, m: int, b
         space[side] -= int(x[i])
     if not first or not last:
         return None
-    mids.sort(key=lambda mb: -int(x[mb].sum()) if mb else 0)
+    mids.sort(key=lambda mb: -int(x[mb].sum()))  # an empty one sums to 0
     return [sorted(first), *(sorted(mb) for mb in mids), sorted(last)]
 
 
