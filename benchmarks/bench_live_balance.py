@@ -25,7 +25,7 @@ step times. Extra trainers: ``loader`` (the live planner's machinery planning th
 order: its step time against ``static`` is the planning overhead, A/B on the same steps),
 ``unrecorded`` (static without telemetry: the recording overhead) and, in slow-replica,
 ``healthy`` (static without the slowdown: the recovery's reference). Each trainer's time in
-the step's plan call (the exchange with rank 0's planner thread included) is reported beside.
+the step's plan call (the exchange with rank 0's planner process included) is reported beside.
 
 Per run and policy: documents/s (after the first ``warm`` steps; in slow-replica over the slowed
 steps after ``settle`` more), the ratio to static; slow-replica: the share of the slowdown

@@ -113,11 +113,14 @@ ABOUT = {
                 "replica) on simulated runs: static, token balancing, the learned cost model "
                 "and the oracle; a slow replica; outlier delay; decision time.",
                 "Work balancing"),
+    "plan_worker": ("Where the live planner runs: the same `balance` plan computed on a thread "
+                    "of the training process and in a worker process, A/B against no planning "
+                    "on the packed GPT's steps.", "Live planner: thread or process"),
 }
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "live_balance", "serve", "live", "fleet",
+         "forecast", "policy", "guard", "balance", "live_balance", "plan_worker", "serve", "live", "fleet",
          "read")
 
 
@@ -748,12 +751,22 @@ def r_peers(doc: dict) -> list[str]:
     return lines + table(["command", "s", "floor", "result"], rows)
 
 
+def r_plan_worker(doc: dict) -> list[str]:
+    lines = [f"Packed GPT ({facts(doc['model'].items())}), one process, one thread; "
+             f"{doc['steps']} steps per arm in a shuffled order, the first {doc['warm']} "
+             "dropped; paired difference to `none` at the same step.", ""]
+    rows = [(arm, fmt(a["step_ms"], ".1f"), f"{a['paired_pct']:+.2f}%",
+             f"{a['paired_se_pct']:.2f}%", fmt(a["plan_ms"], ".2f"))
+            for arm, a in doc["arms"].items()]
+    return lines + table(["arm", "step ms", "vs none", "se", "planning ms per call"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
     "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
-    "peers": r_peers, "live_balance": r_live_balance,
+    "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
 }
 
 

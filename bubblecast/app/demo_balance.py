@@ -108,7 +108,7 @@ def report_section(r: dict[str, Any], table: Any) -> list[str]:
             f"{r['microbatches']} micro-batches a step, {r['steps']} steps: a static run "
             "recorded the telemetry, `train --model cost` fitted the cost model "
             f"(`{r['cost_model']}`), and `run --policy balance --model {r['cost_model']}` "
-            "planned every step's packing and order from it on a data-loader thread. "
+            "planned every step's packing and order from it in a data-loader worker process. "
             f"Losses agree with static to {r['loss_max_rel_diff']:.1e} (relative).",
             table(["policy", "mean step after warm-up (ms)", "documents/s (whole run)",
                    "speed-up vs static (steps)", "decisions", "fall-backs"], rows),

@@ -1,9 +1,10 @@
 """Planning every step's documents live (``run --policy tokens|balance``): :class:`LivePlanner`.
 
 The packed model's data loader holds each step's documents before the step runs
-(:mod:`bubblecast.runtime.document_loader`). Global rank 0 plans them on a data-loader thread,
-one step ahead, with :func:`bubblecast.policy.work_plan.plan_batch` -- packing, order and
-micro-batches per replica:
+(:mod:`bubblecast.runtime.document_loader`). Global rank 0 has them planned one step ahead by
+a worker process, as a data loader's worker (:mod:`bubblecast.runtime.plan_worker`: a thread
+would share the training process's interpreter lock and slow its steps), with
+:func:`bubblecast.policy.work_plan.plan_batch` -- packing, order and micro-batches per replica:
 
 - ``tokens``: token counts, equal speeds and counts (the hand-written heuristic);
 - ``balance``: the learned cost model (``bubblecast train EVENTS --model cost``, loaded once by
@@ -17,37 +18,29 @@ At the start of step ``k`` one collective (an ``all_gather`` of one small float6
 rank over the job: :func:`encode`) carries rank 0's plan of step ``k`` to every rank (each
 document's micro-batch slot and the replicas' counts: every rank knows the step's documents)
 and every rank's ratio of step ``k - 1`` to rank 0, which then queues step ``k + 1`` for the
-thread (so step ``k + 1`` is planned from ratios up to ``k - 1`` while step ``k`` trains).
+worker (so step ``k + 1`` is planned from ratios up to ``k - 1`` while step ``k`` trains).
 Each plan is recorded as the step's :class:`~bubblecast.policy.decision.Decision` (action
 :class:`PlanWork`, predicted step seconds of the loader's plan and of the plan, the reason,
 the planning latency).
 
-Fail open: a plan that cannot be applied -- the planner raised, the plan is not ready within
-``timeout_s``, or it breaks the step (a document missing or twice, a micro-batch over the
-budget, a replica without micro-batches or with a count its schedule refuses) -- becomes the
-data loader's own order for that step, with the reason logged and recorded; training goes on.
+Fail open: a plan that cannot be applied -- the planner raised, its process is gone, the
+plan is not ready within ``timeout_s``, or it breaks the step (a document missing or twice, a
+micro-batch over the budget, a replica without micro-batches or with a count its schedule
+refuses) -- becomes the data loader's own order for that step, with the reason logged and
+recorded; training goes on.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from bubblecast.policy.work_plan import TOKENS, WorkPlan, plan_batch, plan_static
+from bubblecast.policy.work_plan import TOKENS, WorkPlan
 from bubblecast.policy.work_policies import plan_action
-from bubblecast.policy.work_timing import predicted_plan_step
-
-
-def _action_json(plan: WorkPlan) -> dict[str, Any]:
-    from bubblecast.policy.actions import action_to_json
-
-    return action_to_json(plan_action(plan))
+from bubblecast.runtime.plan_worker import PlanProcess, PlanWorker
 
 log = logging.getLogger("bubblecast.plan")
 
@@ -75,14 +68,6 @@ def plan_problem(plan: WorkPlan, lengths: np.ndarray, config: Any) -> str | None
     if flat != list(range(len(lengths))):
         return "the plan does not place every document of the step exactly once"
     return None
-
-
-def canonical(plan: WorkPlan) -> WorkPlan:
-    """``plan`` with each micro-batch's documents in index order (what :func:`decode`
-    gives back; the order within a micro-batch changes nothing but the padding layout)."""
-    mbs = tuple(tuple(tuple(sorted(int(i) for i in mb)) for mb in rep)
-                for rep in plan.microbatches)
-    return replace(plan, microbatches=mbs)
 
 
 def encode(plan: WorkPlan | None, n: int, replicas: int, ratio: tuple[int, float] | None
@@ -135,11 +120,14 @@ def load_work_cost(source: str | None, method: str, spec: dict[str, Any] | None 
 
 
 class LivePlanner:
-    """Plans the packed model's steps live (see the module doc); one per rank, the thread on
-    global rank 0 only. ``plan(step)`` is a collective over the whole job."""
+    """Plans the packed model's steps live (see the module doc); one per rank, the worker
+    process on global rank 0 only. ``plan(step)`` is a collective over the whole job.
+    ``worker``: the :class:`~bubblecast.runtime.plan_worker.PlanWorker` class rank 0 runs
+    (a subclass plans differently; it must be importable in the worker process)."""
 
     def __init__(self, trainer: Any, method: str, cost_model: str | None = None,
-                 timeout_s: float = PLAN_TIMEOUT_S) -> None:
+                 timeout_s: float = PLAN_TIMEOUT_S, worker: type[PlanWorker] = PlanWorker
+                 ) -> None:
         import torch.distributed as dist
 
         if method not in METHODS:
@@ -166,17 +154,14 @@ class LivePlanner:
         self.history: list[np.ndarray] = []  # rank 0: per step, (replicas, stages) ratios
         self._nominal: dict[int, float] = {}  # this rank's predicted compute per step
         self._ratio: tuple[int, float] | None = None  # this rank's latest (step, ratio)
-        self._results: dict[int, tuple[WorkPlan | None, str | None, dict[str, Any]]] = {}
-        self._cond = threading.Condition()
-        self._requests: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._worker: PlanProcess | None = None
         if trainer.recording.recorder.record:
             trainer.recording.recorder.add_step_hook(self._step_end)
         if self.lead:
-            self._thread = threading.Thread(target=self._loop, name="bubblecast-planner",
-                                            daemon=True)
-            self._thread.start()
-            self._requests.put((trainer.step, self._history_for_plan()))
+            self._worker = PlanProcess(worker(method=method, loader=self.loader,
+                                              config=self.config, work=self.work,
+                                              problem=self.problem, layers=self.layers))
+            self._worker.request(trainer.step, self._history_for_plan())
 
     # -- every rank -------------------------------------------------------------------------
     def plan(self, step: int) -> WorkPlan:
@@ -195,10 +180,10 @@ class LivePlanner:
             dist.all_gather(rows, mine)
             table = torch.stack(rows).cpu().numpy()
         plan = decode(table[0], n, replicas, self.method)
-        if self.lead:
+        if self.lead and self._worker is not None:
             self._observe([None if row[-2] < 0 else (int(row[-2]), float(row[-1]))
                            for row in table])
-            self._requests.put((step + 1, self._history_for_plan()))
+            self._worker.request(step + 1, self._history_for_plan())
         if plan is None:
             plan = self.loader.static_plan(step)
             if self.lead:
@@ -230,27 +215,20 @@ class LivePlanner:
             self._ratio = (step, seconds / self._nominal[step])
 
     def close(self) -> None:
-        """Stop the thread (rank 0)."""
-        if self._thread is not None:
-            self._requests.put(None)
-            self._thread.join(timeout=self.timeout_s)
-            self._thread = None
+        """Stop the worker process (rank 0)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
 
     # -- rank 0 -----------------------------------------------------------------------------
     def _take(self, step: int) -> tuple[WorkPlan | None, str | None]:
-        """The thread's plan of ``step`` (waits up to ``timeout_s``), checked; on a problem
+        """The worker's plan of ``step`` (waits up to ``timeout_s``), checked; on a problem
         ``(None, why)``, recorded as the step's fall-back decision."""
-        deadline = time.perf_counter() + self.timeout_s
-        with self._cond:
-            while step not in self._results:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            got = self._results.pop(step, None)
-        if got is None:
-            why = f"the plan was not ready within {self.timeout_s:g} s"
-            record: dict[str, Any] = {"latency_s": self.timeout_s}
+        got = self._worker.result(step, self.timeout_s) if self._worker is not None else \
+            "the planner was closed"
+        if isinstance(got, str):
+            why: str | None = got
+            record: dict[str, Any] = {"latency_s": self.timeout_s} if "ready" in got else {}
             plan = None
         else:
             plan, why, record = got
@@ -280,81 +258,11 @@ class LivePlanner:
                 seen = True
         if seen:
             self.history.append(now)
+            del self.history[:-HISTORY]
 
     def _history_for_plan(self) -> list[np.ndarray] | None:
-        """What the thread forecasts the next plan's speeds from (on the training thread:
-        only a list of the recent ratio arrays, which are never changed once appended); None
-        when the method plans without speeds."""
+        """What the worker forecasts the next plan's speeds from (the recent ratio arrays);
+        None when the method plans without speeds."""
         if self.method == "balance" and not self.problem:
             return self.history[-HISTORY:]
         return None
-
-    def _speeds(self, history: list[np.ndarray] | None) -> np.ndarray:
-        """Per rank, the forecast speed ratio one step ahead times its layers (on the
-        thread; ones x layers before any telemetry, ones for methods without speeds)."""
-        c = self.config
-        if history is None:
-            return np.ones((c.replicas, c.stages))
-        if not history:
-            return np.ones((c.replicas, c.stages)) * self.layers
-        from bubblecast.policy.forecasting import TrendForecaster
-
-        hist = np.stack(history)  # (t, R, P)
-        flat = hist.reshape(len(hist), -1)
-        ahead = TrendForecaster().forecast_history(flat, np.array([1]))[0, :, 1]
-        return np.maximum(ahead.reshape(hist.shape[1:]), 1e-9) * self.layers
-
-    def _loop(self) -> None:
-        while True:
-            item = self._requests.get()
-            if item is None:
-                return
-            step, history = item
-            t0 = time.perf_counter()
-            try:
-                plan, record = self._plan(step, self._speeds(history), bool(history))
-                plan = canonical(plan)
-                record["action"] = _action_json(plan)
-                why = None
-            except Exception as exc:  # noqa: BLE001 - fail open: the loader's order
-                plan, record = None, {}
-                why = f"the planner failed ({type(exc).__name__}: {' '.join(str(exc).split())})"
-            record["latency_s"] = time.perf_counter() - t0
-            with self._cond:
-                self._results[step] = (plan, why, record)
-                self._cond.notify_all()
-
-    def _plan(self, step: int, speeds: np.ndarray, seen: bool
-              ) -> tuple[WorkPlan, dict[str, Any]]:
-        """Step ``step``'s plan and its decision record (on the thread); ``seen``: the speeds
-        come from telemetry (not the equal speeds of the first steps)."""
-        from bubblecast.policy.decision import Decision
-
-        x = self.loader.lengths(step)
-        c = self.config
-        if self.method == "loader":
-            plan = plan_static(x, c)
-            return plan, Decision(plan_action(plan), None, None, 0.0,
-                                  "the data loader's order").to_json()
-        if self.method == "tokens" or self.problem:
-            plan = plan_batch(x, c, TOKENS, None, method="tokens")
-            top = max((int(x[list(mb)].sum()) for rep in plan.microbatches for mb in rep),
-                      default=0)
-            why = self.problem or "token balancing"
-            decision = Decision(plan_action(plan), None, None, 0.0,
-                                f"{why}: largest micro-batch {top:.0f} tokens")
-            return plan, decision.to_json()
-        plan = plan_batch(x, c, self.work, speeds, method="balance")
-        pace = speeds.max(axis=1)
-        if not seen:
-            decision = Decision(plan_action(plan), None, None, 0.0,
-                                f"no telemetry yet: equal speeds, counts {plan.counts}")
-            return plan, decision.to_json()
-        loader = plan_static(x, c, self.work)
-        before = predicted_plan_step(c.schedule, c.stages, loader.cost, speeds, c.kind_weights)
-        after = plan.predicted_step
-        relative = np.round(pace / pace.min(), 3).tolist()
-        decision = Decision(plan_action(plan), before, after, 0.0,
-                            plan.fallback or f"replica pace {relative}, counts {plan.counts}: "
-                            f"predicted {before:.4g} s -> {after or 0.0:.4g} s")
-        return plan, decision.to_json()

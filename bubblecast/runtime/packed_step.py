@@ -131,6 +131,6 @@ class PackedSteps:
                 "counts": {str(k): v for k, v in sorted(counts.items())}}
 
     def close(self) -> None:
-        """Stop the planner (its thread), if any."""
+        """Stop the planner (its worker process), if any."""
         if self.planner is not None:
             self.planner.close()

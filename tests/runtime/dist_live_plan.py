@@ -1,6 +1,7 @@
 """Two-rank scenarios for tests/runtime/test_live_plan.py (torchrun, gloo, CPU): the live
 planner of the packed model (1 replica x 2 stages and 2 replicas x 1 stage), its fail-open
-path, and the loader's order on the same steps for comparison.
+path (a planner that raises, plans a broken step, then its process exits), and the loader's
+order on the same steps for comparison.
 
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 dist_live_plan.py OUT_DIR``
 writes ``OUT_DIR/<scenario>-rank<r>.pt``.
@@ -8,17 +9,20 @@ writes ``OUT_DIR/<scenario>-rank<r>.pt``.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-import bubblecast.runtime.live_plan as live_plan
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.work_plan import WorkPlan
+from bubblecast.runtime.live_plan import LivePlanner
+from bubblecast.runtime.plan_worker import PlanWorker
 from bubblecast.runtime.shutdown import exit_process
 from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 from bubblecast.runtime.trainer import Trainer, init_distributed
@@ -26,8 +30,9 @@ from bubblecast.runtime.trainer import Trainer, init_distributed
 SPEC = ModelSpec(kind="packed", layers=4, hidden=8, seq_len=64, vocab=29, heads=2,
                  dtype="float64")
 STEPS = 6
-#: Steps whose plan the broken planner spoils: it raises at 2, drops a document at 3.
-RAISES, DROPS = 2, 3
+#: Steps whose plan the broken planner spoils: it raises at 2, drops a document at 3, and its
+#: process exits at 4 (4 and 5 then run the loader's order).
+RAISES, DROPS, DIES = 2, 3, 4
 
 
 def config(**kw: Any) -> TrainConfig:
@@ -49,41 +54,33 @@ def run(**kw: Any) -> dict[str, Any]:
     return out
 
 
-def broken() -> dict[str, Any]:
-    real = live_plan.plan_batch
+@dataclass
+class BrokenWorker(PlanWorker):
+    """A planner that raises at step RAISES, drops a document at DROPS and exits (code 3)
+    at DIES (its class crosses into the worker process, as a user's subclass would)."""
 
-    def plan_batch(x: Any, *args: Any, **kwargs: Any) -> WorkPlan:
-        n = len(x)
-        plan = real(x, *args, **kwargs)
-        if n and broken.step == RAISES:
+    def plan_step(self, step: int, speeds: Any, seen: bool) -> tuple[WorkPlan, dict[str, Any]]:
+        plan, record = super().plan_step(step, speeds, seen)
+        if step == RAISES:
             raise BubblecastError("planner broke on purpose")
-        if broken.step == DROPS:  # the first micro-batch loses its first document
+        if step == DROPS:  # the first micro-batch loses its first document
             first = plan.microbatches[0]
-            return WorkPlan(((first[0][1:], *first[1:]), *plan.microbatches[1:]))
-        return plan
-
-    live_plan.plan_batch = plan_batch
-    try:
-        t = Trainer(config(planner="tokens"), record=True)
-        step_of = t.packed.planner._plan  # the step being planned, seen by the fake
-
-        def planned(step: int, *args: Any) -> Any:
-            broken.step = step
-            return step_of(step, *args)
-
-        t.packed.planner._plan = planned
-        for _ in range(STEPS):
-            t.train_step()
-        out = {"losses": t.gather_losses(), "rank": t.global_rank,
-               "decisions": list(t.packed.planner.decisions)}
-        t.packed.close()
-        t.recording.close()
-        return out
-    finally:
-        live_plan.plan_batch = real
+            plan = WorkPlan(((first[0][1:], *first[1:]), *plan.microbatches[1:]))
+        if step == DIES:
+            os._exit(3)
+        return plan, record
 
 
-broken.step = -1
+def broken() -> dict[str, Any]:
+    t = Trainer(config(), record=True)
+    t.packed.planner = LivePlanner(t, "tokens", worker=BrokenWorker)
+    for _ in range(STEPS):
+        t.train_step()
+    out = {"losses": t.gather_losses(), "rank": t.global_rank,
+           "decisions": list(t.packed.planner.decisions)}
+    t.packed.close()
+    t.recording.close()
+    return out
 
 
 def main(out_dir: str) -> int:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
-from bubblecast.runtime.live_plan import canonical, decode, encode, plan_problem
-from tests.runtime.dist_live_plan import DROPS, RAISES, STEPS
+from bubblecast.runtime.live_plan import decode, encode, plan_problem
+from bubblecast.runtime.plan_worker import canonical
+from tests.runtime.dist_live_plan import DIES, DROPS, RAISES, STEPS
 from tests.runtime.dist_results import launch_scenarios
 
 HERE = Path(__file__).resolve().parent
@@ -95,9 +96,11 @@ def test_a_plan_that_cannot_run_falls_back_to_the_loader_with_the_reason(results
     assert sorted(by_step) == list(range(STEPS))
     assert "planner broke on purpose" in by_step[RAISES]["fallback"]
     assert "exactly once" in by_step[DROPS]["fallback"]
-    for step in (RAISES, DROPS):
+    gone = set(range(DIES, STEPS))  # the worker process exited: never waited for, named
+    assert gone and all("exit code 3" in by_step[s]["fallback"] for s in gone)
+    for step in {RAISES, DROPS} | gone:
         assert by_step[step]["reason"].startswith("fall-back to the data loader's order")
-    assert all("fallback" not in by_step[s] for s in set(range(STEPS)) - {RAISES, DROPS})
+    assert all("fallback" not in by_step[s] for s in set(range(STEPS)) - {RAISES, DROPS} - gone)
     assert max(abs(broken["losses"][s] - static["losses"][s]) for s in range(STEPS)) < 1e-9
 
 

@@ -1,0 +1,208 @@
+"""The live planner's worker process: plans each step's documents off the training process.
+
+:class:`PlanWorker` holds what planning needs (the method, the data loader, the planner's
+config, the cost, each stage's layers) and turns ``(step, speed history)`` into that step's
+plan and its decision record. :class:`PlanProcess` runs one in a child process (the
+``spawn`` start method: nothing of the training process's threads or process groups is
+inherited) and exchanges requests and plans with it over a pipe, as a data loader's worker
+process does.
+
+Why a process and not a thread: a thread of the training process shares its interpreter lock.
+Planning is many small numpy calls, each taking the lock for a moment, and the training
+thread's Python between its kernels waits for it: a planning thread slows the training
+steps by more than its own CPU time, a process does not (measured on the results page,
+"Work balancing, live"). The training process only pickles a small request and reads a plan.
+
+Fail open: the worker's own failure (an exception) comes back as ``(None, why, record)``; a
+worker that is gone (killed, crashed, exited) is reported by :meth:`PlanProcess.result` as the
+reason, at once, for every later step. The caller (:class:`~.live_plan.LivePlanner`) then
+runs the data loader's order and records why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
+from bubblecast.policy.work_policies import plan_action
+from bubblecast.policy.work_timing import predicted_plan_step
+
+#: One step's outcome: the plan (None on a failure), why it failed, the decision record.
+Planned = tuple[WorkPlan | None, str | None, dict[str, Any]]
+
+
+def canonical(plan: WorkPlan) -> WorkPlan:
+    """``plan`` with each micro-batch's documents in index order (what the exchange gives
+    back; the order within a micro-batch changes nothing but the padding layout)."""
+    from dataclasses import replace
+
+    mbs = tuple(tuple(tuple(sorted(int(i) for i in mb)) for mb in rep)
+                for rep in plan.microbatches)
+    return replace(plan, microbatches=mbs)
+
+
+def _action_json(plan: WorkPlan) -> dict[str, Any]:
+    from bubblecast.policy.actions import action_to_json
+
+    return action_to_json(plan_action(plan))
+
+
+@dataclass
+class PlanWorker:
+    """Plans one step from the speed history (picklable: it crosses into the worker process).
+
+    ``method``: ``tokens``, ``balance`` or ``loader`` (the data loader's own order through the
+    same machinery); ``loader``: the run's :class:`~.document_loader.DocumentLoader` (each
+    step's documents); ``config``: the planner's :class:`PlanConfig`; ``work``: the per-layer
+    cost (token counts, or the learned cost model's); ``problem``: why the cost model is not
+    used (then ``balance`` plans on token counts and says so); ``layers``: each stage's layer
+    count (a rank's speed ratio is per layer)."""
+
+    method: str
+    loader: Any
+    config: PlanConfig
+    work: Any = TOKENS
+    problem: str | None = None
+    layers: np.ndarray = field(default_factory=lambda: np.ones(1))
+
+    def __call__(self, step: int, history: list[np.ndarray] | None) -> Planned:
+        """Step ``step``'s plan (canonical), None and the reason when planning raised, and
+        the decision record with the planning latency."""
+        t0 = time.perf_counter()
+        try:
+            plan, record = self.plan_step(step, self.speeds(history), bool(history))
+            plan = canonical(plan)
+            record["action"] = _action_json(plan)
+            why = None
+        except Exception as exc:  # noqa: BLE001 - fail open: the loader's order
+            plan, record = None, {}
+            why = f"the planner failed ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        record["latency_s"] = time.perf_counter() - t0
+        return plan, why, record
+
+    def speeds(self, history: list[np.ndarray] | None) -> np.ndarray:
+        """Per rank, the forecast speed ratio one step ahead times its layers (ones x layers
+        before any telemetry, ones for methods that plan without speeds)."""
+        c = self.config
+        if history is None:
+            return np.ones((c.replicas, c.stages))
+        if not history:
+            return np.ones((c.replicas, c.stages)) * self.layers
+        from bubblecast.policy.forecasting import TrendForecaster
+
+        hist = np.stack(history)  # (t, R, P)
+        flat = hist.reshape(len(hist), -1)
+        ahead = TrendForecaster().forecast_history(flat, np.array([1]))[0, :, 1]
+        return np.maximum(ahead.reshape(hist.shape[1:]), 1e-9) * self.layers
+
+    def plan_step(self, step: int, speeds: np.ndarray, seen: bool
+                  ) -> tuple[WorkPlan, dict[str, Any]]:
+        """Step ``step``'s plan and its decision record; ``seen``: the speeds come from
+        telemetry (not the equal speeds of the first steps)."""
+        from bubblecast.policy.decision import Decision
+
+        x = self.loader.lengths(step)
+        c = self.config
+        if self.method == "loader":
+            plan = plan_static(x, c)
+            return plan, Decision(plan_action(plan), None, None, 0.0,
+                                  "the data loader's order").to_json()
+        if self.method == "tokens" or self.problem:
+            plan = plan_batch(x, c, TOKENS, None, method="tokens")
+            top = max((int(x[list(mb)].sum()) for rep in plan.microbatches for mb in rep),
+                      default=0)
+            why = self.problem or "token balancing"
+            decision = Decision(plan_action(plan), None, None, 0.0,
+                                f"{why}: largest micro-batch {top:.0f} tokens")
+            return plan, decision.to_json()
+        plan = plan_batch(x, c, self.work, speeds, method="balance")
+        if not seen:
+            decision = Decision(plan_action(plan), None, None, 0.0,
+                                f"no telemetry yet: equal speeds, counts {plan.counts}")
+            return plan, decision.to_json()
+        loader = plan_static(x, c, self.work)
+        before = predicted_plan_step(c.schedule, c.stages, loader.cost, speeds, c.kind_weights)
+        after = plan.predicted_step
+        pace = speeds.max(axis=1)
+        relative = np.round(pace / pace.min(), 3).tolist()
+        decision = Decision(plan_action(plan), before, after, 0.0,
+                            plan.fallback or f"replica pace {relative}, counts {plan.counts}: "
+                            f"predicted {before:.4g} s -> {after or 0.0:.4g} s")
+        return plan, decision.to_json()
+
+
+def _serve(conn: Any, worker: PlanWorker) -> None:
+    """The worker process: answer ``(step, history)`` requests until None or the pipe
+    closes (the training process is gone)."""
+    try:
+        while True:
+            item = conn.recv()
+            if item is None:
+                return
+            step, history = item
+            conn.send((step, *worker(step, history)))
+    except (EOFError, OSError, KeyboardInterrupt):
+        return
+
+
+class PlanProcess:
+    """A :class:`PlanWorker` in a child process (see the module doc): :meth:`request` a step,
+    then :meth:`result` it. On the planning rank only."""
+
+    def __init__(self, worker: PlanWorker) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(theirs, worker),
+                                 name="bubblecast-planner", daemon=True)
+        self._proc.start()
+        theirs.close()
+        self._done: dict[int, Planned] = {}
+
+    def gone(self) -> str | None:
+        """Why the worker can plan no more (None while it runs)."""
+        code = self._proc.exitcode
+        return None if code is None else f"the planner process exited (exit code {code})"
+
+    def request(self, step: int, history: list[np.ndarray] | None) -> None:
+        """Queue step ``step`` (never blocks on planning; a gone worker is reported by
+        :meth:`result`)."""
+        if self.gone() is None:
+            with contextlib.suppress(OSError):
+                self._conn.send((step, history))
+
+    def result(self, step: int, timeout_s: float) -> Planned | str:
+        """Step ``step``'s outcome, waiting up to ``timeout_s``; else the reason there is
+        none (the worker is gone, or the plan was not ready in time)."""
+        deadline = time.perf_counter() + timeout_s
+        while step not in self._done:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return f"the plan was not ready within {timeout_s:g} s"
+            try:
+                if self._conn.poll(min(left, 0.25)):
+                    got, *outcome = self._conn.recv()
+                    self._done[int(got)] = tuple(outcome)  # type: ignore[assignment]
+                    continue
+            except (EOFError, OSError):
+                self._proc.join(timeout=1.0)
+                return self.gone() or "the planner process closed its pipe"
+            why = self.gone()
+            if why is not None and not self._conn.poll():
+                return why
+        return self._done.pop(step)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker (ask, then terminate)."""
+        with contextlib.suppress(OSError):
+            self._conn.send(None)
+        self._proc.join(timeout=timeout_s)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=timeout_s)
+        self._conn.close()
