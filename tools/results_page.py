@@ -120,8 +120,8 @@ ABOUT = {
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "live_balance", "plan_worker", "serve", "live", "fleet",
-         "read")
+         "forecast", "policy", "guard", "balance", "live_balance", "plan_worker", "serve", "live",
+         "fleet", "read")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ applied), both atomically.
 The packed model (``--arch packed``) and replicated pipelines (``--replicas D``) move no
 layers: their policies plan each step's documents instead (``static``: the data loader's
 order; ``tokens``; ``balance`` with the cost model ``--model DIR`` and the replicas' forecast
-speeds), in a data-loader worker process, one Decision per step (:mod:`bubblecast.runtime.live_plan`).
+speeds), in a data-loader worker process, one Decision per step
+(:mod:`bubblecast.runtime.live_plan`).
 """
 
 from __future__ import annotations
