@@ -33,7 +33,9 @@ recovered, ``(t_static - t_policy) / (t_static - t_healthy)``, beside the bound 
 integer split of the micro-batches gives when a replica's time is ``speed x (M_r + P - 1)``
 (fill and drain) -- 60% at 3|5 -- and the micro-batch counts balance ran. The static trainer's
 telemetry is also evaluated offline (``policy-eval``'s code, timed against the run's own fit):
-what the planner predicts for the same documents, the live gain's share of it, the bound (every
+what the planner predicts for the same documents, the live gain's share of it (as a ratio, and
+in seconds saved per step: the prediction's step is compute and bubbles only, the live one
+also transfers and the rest of a step, which dilutes a ratio), the bound (every
 micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
 micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
 also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
@@ -242,22 +244,23 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         return out
 
 
-def offline_prediction(static: Any, cost: str) -> dict[str, float]:
-    """What ``policy-eval`` predicts for the documents the static trainer recorded: each
-    policy's speedup over static, timed against the run's own fit (no simulator truth:
-    :mod:`bubblecast.policy.work_truth`), ``balance`` with the benchmark's cost model, and
-    ``bound``: static over the step with every micro-batch at the step's mean cost (no packing
-    does better with the loader's counts)."""
+def offline_prediction(static: Any, cost: str) -> dict[str, dict[str, float | None]]:
+    """What ``policy-eval`` predicts for the documents the static trainer recorded, timed
+    against the run's own fit (no simulator truth: :mod:`bubblecast.policy.work_truth`),
+    ``balance`` with the benchmark's cost model: ``speedup``, each policy's over static, with
+    ``bound`` (static over the step with every micro-batch at the step's mean cost: no packing
+    does better with the loader's counts) and ``floor``; ``step_s``, each policy's predicted
+    step seconds (compute and bubbles: the fit leaves transfers and the rest of a step out)."""
     from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
 
     names = ["static", "tokens", "balance", "oracle"]
     result, _ = evaluate_events(static, names, EvalConfig(cost_model=cost))
     rows = result["policies"]
-    out = {n: float(rows[n]["speedup_vs_static"]) for n in names}
-    out["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
+    speedup: dict[str, float | None] = {n: float(rows[n]["speedup_vs_static"]) for n in names}
+    speedup["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
     floor = rows["static"].get("floor_step_s")
-    out["floor"] = float(rows["static"]["step_s"] / floor) if floor else None
-    return out
+    speedup["floor"] = float(rows["static"]["step_s"] / floor) if floor else None
+    return {"speedup": speedup, "step_s": {n: float(rows[n]["step_s"]) for n in names}}
 
 
 def cost_noise(static: Any, loader: Any, cost: str) -> dict[str, float]:
@@ -335,11 +338,17 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
         r["ratio"] = r["samples_s"] / base["samples_s"]
     out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
                          for n in ("static", "balance", *(("healthy",) if slow else ()))}
-    out["offline_speedup"] = offline
+    out["offline_speedup"] = offline["speedup"]
+    out["offline_step_s"] = offline["step_s"]
     out["cost_noise"] = noise
-    predicted = offline["balance"] - 1.0
+    predicted = offline["speedup"]["balance"] - 1.0
     out["gain_share_of_offline"] = (out["balance"]["ratio"] - 1.0) / predicted \
         if predicted > 0 else None
+    # the same in seconds saved per step: the prediction's step is compute and bubbles only,
+    # the live one also transfers and the rest, so its ratio is diluted
+    out["saving_share_of_offline"] = {
+        n: (base["step_s"] - out[n]["step_s"]) / saved if (saved := offline["step_s"][
+            "static"] - offline["step_s"][n]) > 0 else None for n in ("tokens", "balance")}
     out["overhead_pct_planner"] = 100.0 * (out["loader"]["step_s"] / base["step_s"] - 1.0)
     out["overhead_pct_recording"] = 100.0 * (base["step_s"] / out["unrecorded"]["step_s"] - 1.0)
     # paired per step (interleaved steps share the machine's load): robust to load spikes
@@ -394,7 +403,8 @@ def main() -> None:
                 runs.append(summarise_run(setting, run_interleaved(setting, scale, 100 + k,
                                                                    cost), scale))
             names = [n for n in runs[0] if isinstance(runs[0][n], dict)
-                     and n not in ("offline_speedup", "per_step_s", "cost_noise")]
+                     and n not in ("offline_speedup", "offline_step_s", "per_step_s",
+                                   "cost_noise", "saving_share_of_offline")]
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
                          "decision_ms", "plan_call_ms")}
@@ -411,7 +421,12 @@ def main() -> None:
                                          for n in runs[0]["offline_speedup"]},
                      "cost_noise": {k: mean_of(runs, ("cost_noise", k))
                                     for k in runs[0]["cost_noise"]},
+                     "offline_step_s": {n: mean_of(runs, ("offline_step_s", n))
+                                        for n in runs[0]["offline_step_s"]},
                      "gain_share_of_offline": mean_of(runs, ("gain_share_of_offline",)),
+                     "saving_share_of_offline": {
+                         n: mean_of(runs, ("saving_share_of_offline", n))
+                         for n in runs[0]["saving_share_of_offline"]},
                      "balance_ratio_per_run": [r["balance"]["ratio"] for r in runs]}
             if setting == "slow-replica":
                 entry["bound"] = split_bound(SETTINGS[setting]["microbatches"],
@@ -442,6 +457,12 @@ def main() -> None:
                 f"{n} {v:.3f}x" for n, v in off.items() if v is not None)
                 + "; live balance gain / predicted: "
                 + ("-" if share is None else f"{share:.2f}"))
+            saved = entry["saving_share_of_offline"]
+            print(f"predicted static step {entry['offline_step_s']['static'] * 1e3:.1f} ms "
+                  "(compute and bubbles) against live "
+                  f"{mean['static']['step_s'] * 1e3:.1f} ms; seconds saved live / predicted: "
+                  + ", ".join(f"{n} {'-' if v is None else f'{v:.2f}'}"
+                              for n, v in saved.items()))
             noise = entry["cost_noise"]
             print(f"cost model on the static trainer's ops: p90 {noise['model_p90_rel_error']:.3f}"
                   f"; any model's p90 is at least {noise['p90_floor']:.3f} (80th percentile of "

@@ -709,6 +709,14 @@ def r_live_balance(doc: dict) -> list[str]:
                   f"own plan through the live planner, A/B against static): "
                   f"{s['overhead_pct_planner']:+.2f}%; recording: "
                   f"{s['overhead_pct_recording']:+.2f}%.", ""]
+        saved, steps = s.get("saving_share_of_offline"), s.get("offline_step_s")
+        if saved and steps:
+            lines += [f"The prediction's static step is {fmt(steps['static'] * 1e3, '.1f')} ms "
+                      "(compute and bubbles: the fit leaves transfers and the rest of a step "
+                      f"out) against {fmt(s['mean']['static']['step_s'] * 1e3, '.1f')} ms live, "
+                      "so a ratio's gain is diluted live; in seconds saved per step, live over "
+                      "predicted: " + ", ".join(f"{n} {fmt(v, '.2f')}" for n, v in saved.items())
+                      + ".", ""]
         cn = s.get("cost_noise")
         if cn:
             lines += [f"On the static trainer's ops the cost model's p90 relative error is "
