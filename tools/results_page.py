@@ -116,12 +116,15 @@ ABOUT = {
     "plan_worker": ("Where the live planner runs: the same `balance` plan computed on a thread "
                     "of the training process and in a worker process, A/B against no planning "
                     "on the packed GPT's steps.", "Live planner: thread or process"),
+    "plan_costs": ("The same steps' plans timed by their measured micro-batch costs (each run "
+                   "in isolation on the real stages, composed by the engine) and by the learned "
+                   "cost model.", "Plans: measured costs against the cost model"),
 }
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "live_balance", "plan_worker", "serve", "live",
-         "fleet", "read")
+         "forecast", "policy", "guard", "balance", "live_balance", "plan_costs", "plan_worker",
+         "serve", "live", "fleet", "read")
 
 
 @dataclass(frozen=True)
@@ -759,6 +762,22 @@ def r_peers(doc: dict) -> list[str]:
     return lines + table(["command", "s", "floor", "result"], rows)
 
 
+def r_plan_costs(doc: dict) -> list[str]:
+    lines = [f"Documents setting, loader seed {doc['seed']}, {doc['steps']} steps, each "
+             f"micro-batch timed {doc['reps']} times (median), "
+             f"{fmt(doc['microbatches_timed'])} micro-batches; transfers left out of both.", ""]
+    rows = [(n, fmt(doc["measured_speedup"][n], ".4f") + "x",
+             fmt(doc["modelled_speedup"][n], ".4f") + "x",
+             fmt(doc["step_s"]["measured"][n] * 1e3, ".1f"),
+             fmt(doc["step_s"]["modelled"][n] * 1e3, ".1f"))
+            for n in doc["measured_speedup"]]
+    lines += table(["plan", "measured vs static", "cost model vs static", "measured step ms",
+                    "modelled step ms"], rows)
+    r = doc["ratios_to_per_token"]
+    return lines + [", ".join(f"{k} / per_token: measured {fmt(v['measured'], '.3g')}, cost "
+                              f"model {fmt(v['model'], '.3g')}" for k, v in r.items()) + ".", ""]
+
+
 def r_plan_worker(doc: dict) -> list[str]:
     lines = [f"Packed GPT ({facts(doc['model'].items())}), one process, one thread; "
              f"{doc['steps']} steps per arm in a shuffled order, the first {doc['warm']} "
@@ -775,6 +794,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
     "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
+    "plan_costs": r_plan_costs,
 }
 
 
