@@ -35,7 +35,11 @@ integer split of the micro-batches gives when a replica's time is ``speed x (M_r
 telemetry is also evaluated offline (``policy-eval``'s code, timed against the run's own fit):
 what the planner predicts for the same documents, the live gain's share of it (as a ratio, and
 in seconds saved per step: the prediction's step is compute and bubbles only, the live one
-also transfers and the rest of a step, which dilutes a ratio), the bound (every
+also transfers and the rest of a step, which dilutes a ratio), and where the live gain goes
+between the prediction and the wall clock: every recorded trainer writes its ops, and per
+step the engine's 1F1B step composed from those ops' own durations (what the live costs
+allow) and the compute window (first op start to last op end: what the pipeline made of
+them) are compared with static's; the bound (every
 micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
 micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
 also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
@@ -225,7 +229,7 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         config = replace(config, planner=planner,
                          cost_model=cost if planner == "balance" else None)
         runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
-                      "write": name in ("static", "loader"),
+                      "write": name != "unrecorded",  # every recorded trainer alike
                       "loader": name == "loader"}
     ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
     with tempfile.TemporaryDirectory(prefix="bench-live-balance-") as tmp:
@@ -241,6 +245,11 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         static = read_events(job_dir / "static.parquet")  # read once, used twice
         out["offline"] = offline_prediction(static, cost)
         out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), cost)
+        for name, spec in runs.items():
+            events = static if name == "static" else \
+                read_events(job_dir / f"{name}.parquet") if spec["write"] else None
+            if events is not None:
+                out[name]["windows"] = compute_windows(events, SETTINGS[setting]["stages"])
         return out
 
 
@@ -274,6 +283,35 @@ def cost_noise(static: Any, loader: Any, cost: str) -> dict[str, float]:
     return {**op_spread(static, loader),
             "model_p50_rel_error": float(scored["p50_rel_error"]),
             "model_p90_rel_error": float(scored["p90_rel_error"])}
+
+
+def compute_windows(events: Any, stages: int) -> dict[str, list[float]]:
+    """Per step, from a trainer's recorded ops: ``window_s``, the compute window (first F/B
+    start to last F/B end over every rank), and ``engine_s``, the engine's 1F1B step composed
+    from those same ops' durations (each replica with its own micro-batches, the slowest
+    replica; no transfers). Beside the wall step they split a live gain: the ops' own costs
+    (engine), the pipeline's execution of them (window), the rest of the step (wall)."""
+    from bubblecast.sim.steptime import op_durations, step_times, timing_shape
+
+    f = events.frame
+    f = f[f["op"].astype(str).isin(["F", "B"]) & (f["microbatch"] >= 0)]
+    window, engine = [], []
+    for _, g in f.groupby("step", sort=True):
+        end = g["start_s"] + g["duration_s"]
+        window.append(float(end.max() - g["start_s"].min()))
+        slowest = 0.0
+        for _, r in g.groupby("replica"):
+            mbs = sorted(r["microbatch"].unique())
+            slot = {m: j for j, m in enumerate(mbs)}
+            fb = np.zeros((2, 1, stages, len(mbs)))
+            for op, stage, mb, d in zip(r["op"].astype(str), r["stage"], r["microbatch"],
+                                        r["duration_s"], strict=True):
+                fb[0 if op == "F" else 1, 0, int(stage), slot[mb]] += d
+            shape = timing_shape("1f1b", stages, len(mbs), 1)
+            dur = op_durations(shape, fb[0], fb[1], np.zeros_like(fb[0]))
+            slowest = max(slowest, float(step_times(shape, dur)[0][0]))
+        engine.append(slowest)
+    return {"window_s": window, "engine_s": engine}
 
 
 def op_spread(a_events: Any, b_events: Any) -> dict[str, float]:
@@ -333,9 +371,15 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
             out[name]["mean_counts_after"] = counts[lo:].mean(axis=0).round(3).tolist()
             first = next((k for k in range(len(counts)) if counts[k][0] != counts[k][-1]), None)
             out[name]["first_uneven_step"] = first
+    for name, r in raw.items():
+        if "windows" in r:  # the compute window and the engine on the live ops, same steps
+            out[name].update({k: float(np.mean(v[lo:])) for k, v in r["windows"].items()})
     base = out["static"]
     for r in out.values():
         r["ratio"] = r["samples_s"] / base["samples_s"]
+        for key in ("window_s", "engine_s"):
+            if key in r and key in base:
+                r[key.replace("_s", "_ratio")] = base[key] / r[key]
     out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
                          for n in ("static", "balance", *(("healthy",) if slow else ()))}
     out["offline_speedup"] = offline["speedup"]
@@ -407,7 +451,8 @@ def main() -> None:
                                    "cost_noise", "saving_share_of_offline")]
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
-                         "decision_ms", "plan_call_ms")}
+                         "decision_ms", "plan_call_ms", "window_s", "window_ratio",
+                         "engine_s", "engine_ratio")}
                     for n in names}
             entry = {"cost_model_heldout": metrics, "runs": runs, "mean": mean,
                      "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
@@ -457,6 +502,11 @@ def main() -> None:
                 f"{n} {v:.3f}x" for n, v in off.items() if v is not None)
                 + "; live balance gain / predicted: "
                 + ("-" if share is None else f"{share:.2f}"))
+            print("the gain, step by step (static over policy): " + "; ".join(
+                f"{n}: predicted {off[n]:.3f}x, engine on the live ops "
+                f"{mean[n]['engine_ratio'] or float('nan'):.3f}x, live compute window "
+                f"{mean[n]['window_ratio'] or float('nan'):.3f}x, wall {mean[n]['ratio']:.3f}x"
+                for n in ("tokens", "balance")))
             saved = entry["saving_share_of_offline"]
             print(f"predicted static step {entry['offline_step_s']['static'] * 1e3:.1f} ms "
                   "(compute and bubbles) against live "

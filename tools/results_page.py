@@ -712,6 +712,14 @@ def r_live_balance(doc: dict) -> list[str]:
                   f"own plan through the live planner, A/B against static): "
                   f"{s['overhead_pct_planner']:+.2f}%; recording: "
                   f"{s['overhead_pct_recording']:+.2f}%.", ""]
+        steps_of = [(n, s["mean"].get(n, {})) for n in ("tokens", "balance")]
+        if all(m.get("window_ratio") for _, m in steps_of):
+            lines += ["Where the gain goes, static over the policy on the same steps: "
+                      + "; ".join(f"{n}: predicted {fmt(off.get(n), '.3f')}x, the engine on "
+                                  f"the live ops' durations {fmt(m['engine_ratio'], '.3f')}x, "
+                                  f"the live compute window {fmt(m['window_ratio'], '.3f')}x, "
+                                  f"the wall step {fmt(m['ratio'], '.3f')}x" for n, m in steps_of)
+                      + ".", ""]
         saved, steps = s.get("saving_share_of_offline"), s.get("offline_step_s")
         if saved and steps:
             lines += [f"The prediction's static step is {fmt(steps['static'] * 1e3, '.1f')} ms "
