@@ -195,6 +195,8 @@ class PlanProcess:
             why = self.gone()
             if why is not None and not self._conn.poll():
                 return why
+        for late in [k for k in self._done if k < step]:  # answers that came after a timeout
+            del self._done[late]
         return self._done.pop(step)
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -105,3 +105,14 @@ def test_the_worker_survives_pickling(method: str) -> None:
     w = _worker(method)
     back = pickle.loads(pickle.dumps(w))
     assert back(3, [])[0] == w(3, [])[0]
+
+
+def test_an_answer_older_than_the_step_taken_is_dropped() -> None:
+    proc = PlanProcess(_worker("tokens"))
+    try:
+        proc.request(0, None)
+        proc.request(1, None)
+        assert not isinstance(proc.result(1, 60.0), str)  # step 0's answer came first
+        assert proc.result(0, 0.01) == "the plan was not ready within 0.01 s"  # not kept
+    finally:
+        proc.close()
