@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,8 +40,6 @@ Planned = tuple[WorkPlan | None, str | None, dict[str, Any]]
 def canonical(plan: WorkPlan) -> WorkPlan:
     """``plan`` with each micro-batch's documents in index order (what the exchange gives
     back; the order within a micro-batch changes nothing but the padding layout)."""
-    from dataclasses import replace
-
     mbs = tuple(tuple(tuple(sorted(int(i) for i in mb)) for mb in rep)
                 for rep in plan.microbatches)
     return replace(plan, microbatches=mbs)
