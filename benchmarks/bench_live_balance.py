@@ -93,6 +93,15 @@ DILATION = 4.0
 LOSS_RTOL = 1e-4
 
 
+def documents_loader(seed: int) -> Any:
+    """The documents setting's data loader (its budget, vocabulary and step shape)."""
+    from bubblecast.runtime.document_loader import DocumentLoader
+
+    m = MODELS["documents"]
+    return DocumentLoader(budget=m["seq_len"], vocab=m["vocab"], seed=seed, schedule="1f1b",
+                          **SETTINGS["documents"])
+
+
 def train_config(setting: str, steps: int, seed: int, run_id: str,
                  inject: str | None = None) -> Any:
     from bubblecast.runtime.train_config import ModelSpec, TrainConfig

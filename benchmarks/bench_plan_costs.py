@@ -41,6 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
+from bench_live_balance import FULL, MODELS, documents_loader  # noqa: E402
+from bench_live_balance import cost_model as fit_cost_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("static", "tokens", "balance")
@@ -54,9 +56,6 @@ class StageTimer:
         import torch
 
         from bubblecast.runtime.packed_gpt import DocumentStack, construct
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_live_balance import MODELS
 
         m = MODELS["documents"]
         kw = {"hidden": m["hidden"], "heads": m["heads"], "vocab": m["vocab"],
@@ -118,9 +117,6 @@ class StageTimer:
 def load_or_fit(cost_model: str | None, root: Path) -> tuple[str, dict[str, Any]]:
     if cost_model:
         return cost_model, {"source": cost_model}
-    from bench_live_balance import FULL
-    from bench_live_balance import cost_model as fit_cost_model
-
     return fit_cost_model("documents", FULL, root)
 
 
@@ -136,15 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     from bubblecast.forecast.cost_modeldir import load_cost_model
     from bubblecast.policy.work_plan import TOKENS, plan_batch
     from bubblecast.policy.work_timing import predicted_plan_step
-    from bubblecast.runtime.document_loader import DocumentLoader
     from bubblecast.sim.documents import microbatch_stats
 
     with tempfile.TemporaryDirectory() as tmp:
         where, fitted = load_or_fit(args.cost_model, Path(tmp))
         model = load_cost_model(where)
     work, weights = model.work_cost(), model.kind_weights()
-    loader = DocumentLoader(budget=4096, vocab=128, seed=args.seed, replicas=1,
-                            microbatches=4, stages=2, schedule="1f1b")
+    loader = documents_loader(args.seed)
     config = replace(loader.config, kind_weights=weights)
     timer = StageTimer(loader, args.reps)
     timer.step(0, loader.static_plan(0))  # warm-up, then forget it

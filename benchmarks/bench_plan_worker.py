@@ -36,9 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
+from bench_live_balance import MODELS, documents_loader  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODEL = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "budget": 4096}
+MODEL = MODELS["documents"]
 #: A per-layer cost of the documents setting's order of magnitude (a cost model fitted there:
 #: seconds per token, per squared token, per document, per micro-batch).
 COST = {"per_token": 4.1e-6, "per_token_sq": 2.6e-9, "per_document": 7.2e-5,
@@ -50,20 +51,21 @@ WARM = 5
 def make_worker(seed: int) -> Any:
     from dataclasses import replace
 
-    from bubblecast.runtime.document_loader import DocumentLoader
     from bubblecast.runtime.plan_worker import PlanWorker
     from bubblecast.sim.documents import WorkCost
 
-    loader = DocumentLoader(budget=MODEL["budget"], vocab=MODEL["vocab"], seed=seed,
-                            replicas=1, microbatches=4, stages=2, schedule="1f1b")
+    loader = documents_loader(seed)
     config = replace(loader.config, kind_weights=(0.35, 0.65, 0.0))
     return PlanWorker("balance", loader, config, WorkCost(**COST), None, np.array([2.0, 2.0]))
 
 
 def history(seed: int) -> list[np.ndarray]:
-    """64 steps of two ranks' speed ratios around 1 (seeded noise)."""
+    """The live planner's full history (``HISTORY`` steps) of two ranks' speed ratios around
+    1 (seeded noise)."""
+    from bubblecast.runtime.live_plan import HISTORY
+
     rng = np.random.default_rng(seed)
-    return [1.0 + 0.03 * rng.standard_normal((1, 2)) for _ in range(64)]
+    return [1.0 + 0.03 * rng.standard_normal((1, 2)) for _ in range(HISTORY)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     worker = make_worker(args.seed)
     loader, hist = worker.loader, history(args.seed)
-    kw = {k: MODEL[k] for k in ("hidden", "heads", "vocab", "budget")}
+    kw = {"hidden": MODEL["hidden"], "heads": MODEL["heads"], "vocab": MODEL["vocab"],
+          "budget": MODEL["seq_len"]}
     model = DocumentStack(*[construct(MODEL["layers"], i, **kw) for i in range(MODEL["layers"])])
 
     def train_step(step: int) -> None:
@@ -121,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                 plan_s[arm].append(done.get()[2]["latency_s"])
             elif arm == "process":
                 got = proc.result(step + 1, 60.0)
-                assert not isinstance(got, str), got
+                if isinstance(got, str):
+                    proc.close()
+                    sys.exit(f"bench_plan_worker: the worker process gave no plan: {got}")
                 plan_s[arm].append(got[2]["latency_s"])
             step_s[arm].append(time.perf_counter() - t0)
     requests.put(None)
