@@ -264,5 +264,5 @@ class LivePlanner:
         """What the worker forecasts the next plan's speeds from (the recent ratio arrays);
         None when the method plans without speeds."""
         if self.method == "balance" and not self.problem:
-            return self.history[-HISTORY:]
+            return self.history  # kept to HISTORY steps by _observe, pickled at once
         return None
