@@ -228,7 +228,8 @@ class LivePlanner:
             "the planner was closed"
         if isinstance(got, str):
             why: str | None = got
-            record: dict[str, Any] = {"latency_s": self.timeout_s} if "ready" in got else {}
+            waited = self._worker is not None and self._worker.gone() is None  # a late plan
+            record: dict[str, Any] = {"latency_s": self.timeout_s} if waited else {}
             plan = None
         else:
             plan, why, record = got
