@@ -6,7 +6,8 @@ Each step runs in one of three arms, in an order shuffled every step (seeded):
 
 - ``none``: nothing planned;
 - ``thread``: the next step's ``balance`` plan (:class:`bubblecast.runtime.plan_worker.PlanWorker`,
-  a fixed per-layer cost and a 64-step speed history) is computed on a thread of the training
+  a fixed per-layer cost and a 64-step speed history, the newest ratios sent with each
+  request) is computed on a thread of the training
   process while the step trains;
 - ``process``: the same plan in :class:`~bubblecast.runtime.plan_worker.PlanProcess`, the
   worker process the live planner uses.
@@ -29,6 +30,7 @@ import random
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,6 @@ WARM = 5
 
 
 def make_worker(seed: int) -> Any:
-    from dataclasses import replace
-
     from bubblecast.runtime.plan_worker import PlanWorker
     from bubblecast.sim.documents import WorkCost
 
@@ -62,7 +62,7 @@ def make_worker(seed: int) -> Any:
 def history(seed: int) -> list[np.ndarray]:
     """The live planner's full history (``HISTORY`` steps) of two ranks' speed ratios around
     1 (seeded noise)."""
-    from bubblecast.runtime.live_plan import HISTORY
+    from bubblecast.runtime.plan_worker import HISTORY
 
     rng = np.random.default_rng(seed)
     return [1.0 + 0.03 * rng.standard_normal((1, 2)) for _ in range(HISTORY)]
@@ -100,14 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     requests: queue.Queue[int | None] = queue.Queue()
     done: queue.Queue[Any] = queue.Queue()
 
+    # each arm's worker holds the history and gets the newest ratios with each request, as
+    # the live planner's does
+    mine = replace(worker, history=list(hist))
+
     def thread_loop() -> None:
         while (step := requests.get()) is not None:
-            done.put(worker(step, hist))
+            done.put(mine.answer(step, hist[-1]))
 
     thread = threading.Thread(target=thread_loop, name="bench-planner", daemon=True)
     thread.start()
-    proc = PlanProcess(worker)
-    proc.request(0, hist)
+    proc = PlanProcess(replace(worker, history=list(hist)))
+    proc.request(0, hist[-1])
     proc.result(0, 60.0)  # started and planning
     step_s: dict[str, list[float]] = {a: [] for a in ARMS}
     plan_s: dict[str, list[float]] = {a: [] for a in ARMS if a != "none"}
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if arm == "thread":
                 requests.put(step + 1)
             elif arm == "process":
-                proc.request(step + 1, hist)
+                proc.request(step + 1, hist[-1])
             train_step(step)
             if arm == "thread":
                 plan_s[arm].append(done.get()[2]["latency_s"])

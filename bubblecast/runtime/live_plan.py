@@ -18,7 +18,8 @@ At the start of step ``k`` one collective (an ``all_gather`` of one small float6
 rank over the job: :func:`encode`) carries rank 0's plan of step ``k`` to every rank (each
 document's micro-batch slot and the replicas' counts: every rank knows the step's documents)
 and every rank's ratio of step ``k - 1`` to rank 0, which then queues step ``k + 1`` for the
-worker (so step ``k + 1`` is planned from ratios up to ``k - 1`` while step ``k`` trains).
+worker with the newest ratios (the worker keeps the history; so step ``k + 1`` is planned
+from ratios up to ``k - 1`` while step ``k`` trains).
 Each plan is recorded as the step's :class:`~bubblecast.policy.decision.Decision` (action
 :class:`PlanWork`, predicted step seconds of the loader's plan and of the plan, the reason,
 the planning latency).
@@ -26,7 +27,8 @@ the planning latency).
 Fail open: a plan that cannot be applied -- the planner raised, its process is gone, the
 plan is not ready within ``timeout_s``, or it breaks the step (a document missing or twice, a
 micro-batch over the budget, a replica without micro-batches or with a count its schedule
-refuses) -- becomes the data loader's own order for that step, with the reason logged and
+refuses: :func:`~bubblecast.runtime.plan_worker.plan_problem`, checked by the worker) --
+becomes the data loader's own order for that step, with the reason logged and
 recorded; training goes on.
 """
 
@@ -46,28 +48,9 @@ log = logging.getLogger("bubblecast.plan")
 
 #: Seconds the training thread waits for a step's plan before falling back to the loader's.
 PLAN_TIMEOUT_S = 30.0
-#: Steps of speed history the forecaster sees.
-HISTORY = 64
 #: ``loader`` plans the data loader's own order through the same machinery (an A/B of the
 #: planner's overhead against ``static``, which plans nothing).
 METHODS = ("tokens", "balance", "loader")
-
-
-def plan_problem(plan: WorkPlan, lengths: np.ndarray, config: Any) -> str | None:
-    """Why ``plan`` cannot run this step (None when it can): every document exactly once,
-    every micro-batch within the budget, every replica a count its schedule runs."""
-    if len(plan.microbatches) != config.replicas:
-        return f"{len(plan.microbatches)} replicas planned, the job runs {config.replicas}"
-    for r, mbs in enumerate(plan.microbatches):
-        if not mbs or not config.counts_ok(len(mbs)):
-            return f"replica {r}: {len(mbs)} micro-batches, which its schedule cannot run"
-        for j, mb in enumerate(mbs):
-            if int(np.sum(lengths[list(mb)])) > config.token_budget:
-                return f"replica {r} micro-batch {j}: over the token budget"
-    flat = sorted(int(i) for rep in plan.microbatches for mb in rep for i in mb)
-    if flat != list(range(len(lengths))):
-        return "the plan does not place every document of the step exactly once"
-    return None
 
 
 def encode(plan: WorkPlan | None, n: int, replicas: int, ratio: tuple[int, float] | None
@@ -151,7 +134,7 @@ class LivePlanner:
         self.layers = np.array([len(plan.layer_range(s)) for s in range(plan.stages)],
                                dtype=np.float64)
         self.decisions: list[dict[str, Any]] = []
-        self.history: list[np.ndarray] = []  # rank 0: per step, (replicas, stages) ratios
+        self._last: np.ndarray | None = None  # rank 0: the latest (replicas, stages) ratios
         self._nominal: dict[int, float] = {}  # this rank's predicted compute per step
         self._ratio: tuple[int, float] | None = None  # this rank's latest (step, ratio)
         self._worker: PlanProcess | None = None
@@ -161,7 +144,7 @@ class LivePlanner:
             self._worker = PlanProcess(worker(method=method, loader=self.loader,
                                               config=self.config, work=self.work,
                                               problem=self.problem, layers=self.layers))
-            self._worker.request(trainer.step, self._history_for_plan())
+            self._worker.request(trainer.step)
 
     # -- every rank -------------------------------------------------------------------------
     def plan(self, step: int) -> WorkPlan:
@@ -181,9 +164,9 @@ class LivePlanner:
             table = torch.stack(rows).cpu().numpy()
         plan = decode(table[0], n, replicas, self.method)
         if self.lead and self._worker is not None:
-            self._observe([None if row[-2] < 0 else (int(row[-2]), float(row[-1]))
-                           for row in table])
-            self._worker.request(step + 1, self._history_for_plan())
+            newest = self._observe([None if row[-2] < 0 else (int(row[-2]), float(row[-1]))
+                                    for row in table])
+            self._worker.request(step + 1, newest)
         if plan is None:
             plan = self.loader.static_plan(step)
             if self.lead:
@@ -232,9 +215,7 @@ class LivePlanner:
             record: dict[str, Any] = {"latency_s": self.timeout_s} if waited else {}
             plan = None
         else:
-            plan, why, record = got
-            if plan is not None:
-                why = plan_problem(plan, self.loader.lengths(step), self.config)
+            plan, why, record = got  # checked by the worker (plan_problem)
         if why is not None or plan is None:
             static = self.loader.static_plan(step)
             from bubblecast.policy.decision import Decision
@@ -247,23 +228,15 @@ class LivePlanner:
         self.decisions.append({"step": step, **record})
         return plan, why
 
-    def _observe(self, boxes: list[Any]) -> None:
-        """Every rank's latest ratio into the history (a missing one repeats its last)."""
+    def _observe(self, boxes: list[Any]) -> np.ndarray | None:
+        """Every rank's latest ratio as one ``(replicas, stages)`` array (a missing one
+        repeats its last; None when no rank sent one)."""
         c = self.config
-        last = self.history[-1] if self.history else np.ones((c.replicas, c.stages))
-        now = last.copy()
-        seen = False
+        if all(item is None for item in boxes):
+            return None
+        now = np.ones((c.replicas, c.stages)) if self._last is None else self._last.copy()
         for rank, item in enumerate(boxes):
             if item is not None:
                 now[rank // c.stages, rank % c.stages] = item[1]
-                seen = True
-        if seen:
-            self.history.append(now)
-            del self.history[:-HISTORY]
-
-    def _history_for_plan(self) -> list[np.ndarray] | None:
-        """What the worker forecasts the next plan's speeds from (the recent ratio arrays);
-        None when the method plans without speeds."""
-        if self.method == "balance" and not self.problem:
-            return self.history  # kept to HISTORY steps by _observe, pickled at once
-        return None
+        self._last = now
+        return now

@@ -5,7 +5,11 @@ config, the cost, each stage's layers) and turns ``(step, speed history)`` into 
 plan and its decision record. :class:`PlanProcess` runs one in a child process (the
 ``spawn`` start method: nothing of the training process's threads or process groups is
 inherited) and exchanges requests and plans with it over a pipe, as a data loader's worker
-process does.
+process does. The worker keeps the speed history itself (each request carries only the newest
+ratios: :meth:`PlanWorker.answer`) and checks its own plan (:func:`plan_problem`), so that the
+training process's share of a step's plan is a small message each way. It runs at the lowest
+CPU priority (``nice``): where cores are scarce it plans in the pipeline's idle time rather
+than taking a core from a training rank.
 
 Why a process and not a thread: a thread of the training process shares its interpreter lock.
 Planning is many small numpy calls, each taking the lock for a moment, and the training
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +40,27 @@ from bubblecast.policy.work_timing import predicted_plan_step
 
 #: One step's outcome: the plan (None on a failure), why it failed, the decision record.
 Planned = tuple[WorkPlan | None, str | None, dict[str, Any]]
+#: Steps of speed history the forecaster sees.
+HISTORY = 64
+#: The worker process's CPU priority (``os.nice`` increment; 19 is the lowest).
+WORKER_NICE = 19
+
+
+def plan_problem(plan: WorkPlan, lengths: np.ndarray, config: PlanConfig) -> str | None:
+    """Why ``plan`` cannot run this step (None when it can): every document exactly once,
+    every micro-batch within the budget, every replica a count its schedule runs."""
+    if len(plan.microbatches) != config.replicas:
+        return f"{len(plan.microbatches)} replicas planned, the job runs {config.replicas}"
+    for r, mbs in enumerate(plan.microbatches):
+        if not mbs or not config.counts_ok(len(mbs)):
+            return f"replica {r}: {len(mbs)} micro-batches, which its schedule cannot run"
+        for j, mb in enumerate(mbs):
+            if int(np.sum(lengths[list(mb)])) > config.token_budget:
+                return f"replica {r} micro-batch {j}: over the token budget"
+    flat = sorted(int(i) for rep in plan.microbatches for mb in rep for i in mb)
+    if flat != list(range(len(lengths))):
+        return "the plan does not place every document of the step exactly once"
+    return None
 
 
 def canonical(plan: WorkPlan) -> WorkPlan:
@@ -60,7 +86,8 @@ class PlanWorker:
     step's documents); ``config``: the planner's :class:`PlanConfig`; ``work``: the per-layer
     cost (token counts, or the learned cost model's); ``problem``: why the cost model is not
     used (then ``balance`` plans on token counts and says so); ``layers``: each stage's layer
-    count (a rank's speed ratio is per layer)."""
+    count (a rank's speed ratio is per layer); ``history``: the speed ratios seen so far, one
+    ``(replicas, stages)`` array per step (:meth:`answer` keeps the last :data:`HISTORY`)."""
 
     method: str
     loader: Any
@@ -68,6 +95,26 @@ class PlanWorker:
     work: Any = TOKENS
     problem: str | None = None
     layers: np.ndarray = field(default_factory=lambda: np.ones(1))
+    history: list[np.ndarray] = field(default_factory=list, repr=False)
+
+    @property
+    def uses_speeds(self) -> bool:
+        """Whether plans follow the ranks' speeds (``balance`` with its cost model)."""
+        return self.method == "balance" and not self.problem
+
+    def answer(self, step: int, newest: np.ndarray | None) -> Planned:
+        """What the worker process sends back for step ``step``: ``newest`` (the ranks'
+        latest speed ratios, None when none arrived) joins the history, then the step is
+        planned (:meth:`__call__`) and checked; a plan that cannot run (:func:`plan_problem`)
+        comes back as None and the reason."""
+        if newest is not None:
+            self.history.append(np.asarray(newest, dtype=np.float64))
+            del self.history[:-HISTORY]
+        plan, why, record = self(step, self.history if self.uses_speeds else None)
+        if plan is not None:
+            why = plan_problem(plan, self.loader.lengths(step), self.config)
+            plan = None if why is not None else plan
+        return plan, why, record
 
     def __call__(self, step: int, history: list[np.ndarray] | None) -> Planned:
         """Step ``step``'s plan (canonical), None and the reason when planning raised, and
@@ -135,28 +182,33 @@ class PlanWorker:
         return plan, decision.to_json()
 
 
-def _serve(conn: Any, worker: PlanWorker) -> None:
-    """The worker process: answer ``(step, history)`` requests until None or the pipe
-    closes (the training process is gone)."""
+def _serve(conn: Any, worker: PlanWorker, nice: int) -> None:
+    """The worker process: answer ``(step, newest ratios)`` requests
+    (:meth:`PlanWorker.answer`) until None or the pipe closes (the training process is
+    gone)."""
+    if nice:
+        with contextlib.suppress(OSError):  # best effort: planning runs either way
+            os.nice(nice)
     try:
         while True:
             item = conn.recv()
             if item is None:
                 return
-            step, history = item
-            conn.send((step, *worker(step, history)))
+            step, newest = item
+            conn.send((step, *worker.answer(step, newest)))
     except (EOFError, OSError, KeyboardInterrupt):
         return
 
 
 class PlanProcess:
     """A :class:`PlanWorker` in a child process (see the module doc): :meth:`request` a step,
-    then :meth:`result` it. On the planning rank only."""
+    then :meth:`result` it. On the planning rank only. ``nice``: the worker's CPU priority
+    increment (0 keeps the training process's)."""
 
-    def __init__(self, worker: PlanWorker) -> None:
+    def __init__(self, worker: PlanWorker, nice: int = WORKER_NICE) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(theirs, worker),
+        self._proc = ctx.Process(target=_serve, args=(theirs, worker, int(nice)),
                                  name="bubblecast-planner", daemon=True)
         self._proc.start()
         theirs.close()
@@ -167,12 +219,13 @@ class PlanProcess:
         code = self._proc.exitcode
         return None if code is None else f"the planner process exited (exit code {code})"
 
-    def request(self, step: int, history: list[np.ndarray] | None) -> None:
-        """Queue step ``step`` (never blocks on planning; a gone worker is reported by
-        :meth:`result`)."""
+    def request(self, step: int, newest: np.ndarray | None = None) -> None:
+        """Queue step ``step``, with the ranks' newest speed ratios (None: none since the
+        last request); never blocks on planning, a gone worker is reported by
+        :meth:`result`."""
         if self.gone() is None:
             with contextlib.suppress(OSError):
-                self._conn.send((step, history))
+                self._conn.send((step, newest))
 
     def result(self, step: int, timeout_s: float) -> Planned | str:
         """Step ``step``'s outcome, waiting up to ``timeout_s``; else the reason there is

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
-from bubblecast.runtime.live_plan import decode, encode, plan_problem
-from bubblecast.runtime.plan_worker import canonical
+from bubblecast.runtime.live_plan import decode, encode
+from bubblecast.runtime.plan_worker import canonical, plan_problem
 from tests.runtime.dist_live_plan import DIES, DROPS, RAISES, STEPS
 from tests.runtime.dist_results import launch_scenarios
 

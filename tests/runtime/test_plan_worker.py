@@ -116,3 +116,56 @@ def test_an_answer_older_than_the_step_taken_is_dropped() -> None:
         assert proc.result(0, 0.01) == "the plan was not ready within 0.01 s"  # not kept
     finally:
         proc.close()
+
+
+def test_the_worker_keeps_the_speed_history_from_the_newest_ratios() -> None:
+    from bubblecast.runtime.plan_worker import HISTORY
+
+    w = _worker()
+    slow = np.array([[1.0, 1.0], [2.0, 2.0]])
+    for step in range(HISTORY + 5):
+        plan, why, _ = w.answer(step, slow)
+    assert len(w.history) == HISTORY and why is None
+    assert plan.counts[0] > plan.counts[1]  # planned from the kept history
+    before = len(w.history)
+    w.answer(HISTORY + 5, None)  # no new ratios: the history stands
+    assert len(w.history) == before
+    tokens = _worker("tokens")
+    tokens.answer(0, slow)
+    assert not tokens.uses_speeds  # token balancing plans without the speeds
+
+
+@dataclass
+class _Drops(PlanWorker):
+    def plan_step(self, step: int, speeds: Any, seen: bool) -> Any:
+        plan, record = super().plan_step(step, speeds, seen)
+        first = plan.microbatches[0]
+        return replace(plan, microbatches=((first[0][1:], *first[1:]),
+                                           *plan.microbatches[1:])), record
+
+
+def test_the_worker_checks_its_own_plan() -> None:
+    plan, why, record = _worker(cls=_Drops).answer(1, None)
+    assert plan is None and why == "the plan does not place every document of the step " \
+        "exactly once"
+    assert record["latency_s"] >= 0
+
+
+@dataclass
+class _Nice(PlanWorker):
+    def plan_step(self, step: int, speeds: Any, seen: bool) -> Any:
+        plan, record = super().plan_step(step, speeds, seen)
+        return plan, {**record, "nice": os.nice(0)}
+
+
+def test_the_worker_process_plans_at_the_lowest_priority() -> None:
+    from bubblecast.runtime.plan_worker import WORKER_NICE
+
+    here = os.nice(0)
+    proc = PlanProcess(_worker("tokens", cls=_Nice))
+    try:
+        proc.request(0)
+        _, why, record = proc.result(0, 60.0)
+        assert why is None and record["nice"] == min(19, here + WORKER_NICE)
+    finally:
+        proc.close()
