@@ -3,8 +3,10 @@
 Structure: ``duration = speed_recent(run, rank, step) x layers x g_kind(tokens, tokens_sq,
 documents)``, where ``speed_recent`` is the rank's speed known before the step: the median of
 its previous ``w`` steps' speeds (:mod:`bubblecast.forecast.cost_features`). ``w = 1`` follows
-a change at once; a few steps' median does not carry one step's noise into the next. With
-``speed_window="auto"`` both are fitted and the held-out runs choose (``speed_window_``) and
+a change at once; a few steps' median does not carry one step's noise into the next; a long
+median ignores ops stretched by another process taking the core now and then (a shared host),
+as long as under half the window's steps are. With ``speed_window="auto"`` each of
+:data:`SPEED_WINDOWS` is fitted and the held-out runs choose (``speed_window_``), and
 ``g_kind`` the per-layer cost of op kind ``F``, ``B``, ``W`` (or ``BW``, the fused backward)
 at speed 1. Speed 1 is the median speed of the training runs (the speed ratios are normalised
 to median 1). Fitting alternates ``rounds``
@@ -54,7 +56,7 @@ from bubblecast.telemetry.events import Events
 
 LEARNERS: tuple[str, ...] = ("auto", "linear", "lgbm")
 #: The speed windows ``speed_window="auto"`` chooses from on held-out runs.
-SPEED_WINDOWS: tuple[int, ...] = (1, 8)
+SPEED_WINDOWS: tuple[int, ...] = (1, 8, 32)
 #: The interval :meth:`CostModel.score` checks (``coverage_p10_p90``).
 BOUNDS: tuple[float, float] = (0.1, 0.9)
 _CODE = {k: i for i, k in enumerate(KINDS)}
