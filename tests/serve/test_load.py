@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 
 import pytest
 
@@ -44,38 +45,48 @@ def test_ten_thousand_requests_at_concurrency_32_without_an_error(model_dir):
 
 
 def test_a_reload_during_load_fails_no_request(tmp_path):
-    """Reloads by the admin route and by the directory watcher (each load takes 0.3 s) while
+    """Reloads by the directory watcher and by the admin route (each load takes 0.3 s) while
     16 connections keep asking; every answer is a 200 whose numbers match its model version.
-    3000 requests follow the last reload: at a few thousand requests/s they outlast its two
-    0.3 s loads (the watcher's and the route's), so the last model is always seen."""
+    The admin reload is sent from its own thread at request 1500 and awaited at request 3000
+    (the load generator pauses there), so the last 1500 requests see the last model however
+    slowly a busy machine loads it."""
     d = write_model_dir(tmp_path / "m", scale=1.0, load_delay_s=0.3)
     body = json.dumps(forecast_request(steps=3)).encode()
     last = forecast_request(steps=3)["ranks"][0]["compute_s"][-1]
     seen: dict[str, set[float]] = {}
     lock = threading.Lock()
+    admin: dict[str, object] = {}
+
+    def reload_by_route(port: int) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/admin/reload", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            admin["status"] = resp.status
 
     def make(i: int) -> tuple[str, str, bytes]:
         if i == 300:
             write_model_dir(d, scale=2.0, load_delay_s=0.3)  # the watcher picks this up
         if i == 1500:
             write_model_dir(d, scale=3.0, load_delay_s=0.3)
-            return "POST", "/v1/admin/reload", b""
+            admin["thread"] = threading.Thread(target=reload_by_route, args=(admin["port"],))
+            admin["thread"].start()
+        if i == 3000:
+            admin["thread"].join(timeout=60)  # type: ignore[attr-defined]
         return "POST", "/v1/forecast", body
 
     def check(status: int, payload: bytes) -> bool:
         if status != 200:
             return False
         out = json.loads(payload)
-        if "ranks" in out:  # a forecast (the reload answers with the model info)
-            ratio = round(out["ranks"][0]["p50"][0] / last, 6)
-            with lock:
-                seen.setdefault(out["model"]["version"], set()).add(ratio)
+        ratio = round(out["ranks"][0]["p50"][0] / last, 6)
+        with lock:
+            seen.setdefault(out["model"]["version"], set()).add(ratio)
         return True
 
     with fake_server(d, watch=0.1) as (port, _):
+        admin["port"] = port
         result = load("127.0.0.1", port, make, total=4500, concurrency=16, time_limit_s=120,
                       check=check)
-    assert result.errors == [] and result.completed == 4500
+    assert result.errors == [] and result.completed == 4500 and admin["status"] == 200
     ratios = sorted(r for rs in seen.values() for r in rs)
     assert all(len(rs) == 1 for rs in seen.values()), seen  # one model per version: atomic
     assert ratios[0] == pytest.approx(1.0) and ratios[-1] == pytest.approx(3.0), seen
