@@ -953,8 +953,11 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         m, off = s["mean"], s["offline_speedup"]
         floor = (f", no plan beyond {off['floor']:.3f}x (critical-path floor)"
                  if off.get("floor") else f", perfect-balance bound {off['bound']:.3f}x")
-        return (f"balance {m['balance']['ratio']:.3f}x static, tokens {m['tokens']['ratio']:.3f}x; "
-                f"offline on the same documents: balance {off['balance']:.3f}x{floor}")
+        held = s["cost_model_heldout"]
+        return (f"balance {m['balance']['ratio']:.3f}x static, tokens {m['tokens']['ratio']:.3f}x "
+                f"({len(s['runs'])} runs; cost model held-out p90 {held['p90_rel_error']:.3f}, "
+                f"noise floor {held['noise']['p90_floor']:.3f}); offline on the same documents: "
+                f"balance {off['balance']:.3f}x{floor}")
 
     def live_slow(d: dict) -> str:
         s = d["settings"]["slow-replica"]
@@ -982,6 +985,8 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         "replicas, simulated)", balance)
     add("live_balance-documents.json", "Per-step work planning live, documents only (packed "
         "GPT, 4096-token budget, 2 CPU stages x 4 micro-batches)", live_documents)
+    add("live_balance-documents-3run.json", "The same, the latest launch (a quieter machine: "
+        "see the results notes for every launch)", live_documents)
     add("live_balance.json", "Per-step work planning live, one replica 1.5x slower (2 replicas "
         "x 2 CPU stages, 4 micro-batches each)", live_slow)
     add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
