@@ -102,6 +102,17 @@ def documents_loader(seed: int) -> Any:
                           **SETTINGS["documents"])
 
 
+def documents_blocks(layers: range) -> Any:
+    """The documents setting's packed GPT blocks ``layers`` (of its ``MODELS`` layers) as one
+    ``DocumentStack``: the whole model, or one stage of it."""
+    from bubblecast.runtime.packed_gpt import DocumentStack, construct
+
+    m = MODELS["documents"]
+    kw = {"hidden": m["hidden"], "heads": m["heads"], "vocab": m["vocab"],
+          "budget": m["seq_len"]}
+    return DocumentStack(*[construct(m["layers"], i, **kw) for i in layers])
+
+
 def train_config(setting: str, steps: int, seed: int, run_id: str,
                  inject: str | None = None) -> Any:
     from bubblecast.runtime.train_config import ModelSpec, TrainConfig

@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
-from bench_live_balance import FULL, MODELS, documents_loader  # noqa: E402
+from bench_live_balance import FULL, MODELS, documents_blocks, documents_loader  # noqa: E402
 from bench_live_balance import cost_model as fit_cost_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,17 +55,11 @@ class StageTimer:
     def __init__(self, loader: Any, reps: int) -> None:
         import torch
 
-        from bubblecast.runtime.packed_gpt import DocumentStack, construct
-
         m = MODELS["documents"]
-        kw = {"hidden": m["hidden"], "heads": m["heads"], "vocab": m["vocab"],
-              "budget": m["seq_len"]}
         half = m["layers"] // 2
         torch.set_num_threads(1)
         torch.manual_seed(0)
-        self.stages = [DocumentStack(*[construct(m["layers"], i, **kw) for i in range(half)]),
-                       DocumentStack(*[construct(m["layers"], i, **kw)
-                                       for i in range(half, m["layers"])])]
+        self.stages = [documents_blocks(range(half)), documents_blocks(range(half, m["layers"]))]
         self.vocab, self.loader, self.reps = m["vocab"], loader, reps
         self._cache: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 

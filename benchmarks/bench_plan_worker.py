@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
-from bench_live_balance import MODELS, documents_loader  # noqa: E402
+from bench_live_balance import MODELS, documents_blocks, documents_loader  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = MODELS["documents"]
@@ -78,16 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from bubblecast.runtime.packed_gpt import DocumentStack, construct
     from bubblecast.runtime.plan_worker import PlanProcess
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     worker = make_worker(args.seed)
     loader, hist = worker.loader, history(args.seed)
-    kw = {"hidden": MODEL["hidden"], "heads": MODEL["heads"], "vocab": MODEL["vocab"],
-          "budget": MODEL["seq_len"]}
-    model = DocumentStack(*[construct(MODEL["layers"], i, **kw) for i in range(MODEL["layers"])])
+    model = documents_blocks(range(MODEL["layers"]))
 
     def train_step(step: int) -> None:
         batch = loader.tensors(step, loader.static_plan(step).microbatches[0])
