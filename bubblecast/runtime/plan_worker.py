@@ -104,10 +104,10 @@ class PlanWorker:
 
     def answer(self, step: int, newest: np.ndarray | None) -> Planned:
         """What the worker process sends back for step ``step``: ``newest`` (the ranks'
-        latest speed ratios, None when none arrived) joins the history, then the step is
-        planned (:meth:`__call__`) and checked; a plan that cannot run (:func:`plan_problem`)
-        comes back as None and the reason."""
-        if newest is not None:
+        latest speed ratios, None when none arrived) joins the history when plans follow the
+        speeds, then the step is planned (:meth:`__call__`) and checked; a plan that cannot
+        run (:func:`plan_problem`) comes back as None and the reason."""
+        if newest is not None and self.uses_speeds:
             self.history.append(np.asarray(newest, dtype=np.float64))
             del self.history[:-HISTORY]
         plan, why, record = self(step, self.history if self.uses_speeds else None)
