@@ -55,22 +55,24 @@ def test_a_reload_during_load_fails_no_request(tmp_path):
     last = forecast_request(steps=3)["ranks"][0]["compute_s"][-1]
     seen: dict[str, set[float]] = {}
     lock = threading.Lock()
-    admin: dict[str, object] = {}
+    admin: dict[str, int] = {}  # the server's port; the reload's status
 
-    def reload_by_route(port: int) -> None:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/admin/reload", method="POST")
+    def reload_by_route() -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{admin['port']}/v1/admin/reload",
+                                     method="POST")
         with urllib.request.urlopen(req, timeout=60) as resp:
             admin["status"] = resp.status
+
+    reloader = threading.Thread(target=reload_by_route, name="admin-reload")
 
     def make(i: int) -> tuple[str, str, bytes]:
         if i == 300:
             write_model_dir(d, scale=2.0, load_delay_s=0.3)  # the watcher picks this up
         if i == 1500:
             write_model_dir(d, scale=3.0, load_delay_s=0.3)
-            admin["thread"] = threading.Thread(target=reload_by_route, args=(admin["port"],))
-            admin["thread"].start()
+            reloader.start()
         if i == 3000:
-            admin["thread"].join(timeout=60)  # type: ignore[attr-defined]
+            reloader.join(timeout=60)
         return "POST", "/v1/forecast", body
 
     def check(status: int, payload: bytes) -> bool:
