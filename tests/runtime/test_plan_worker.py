@@ -132,7 +132,7 @@ def test_the_worker_keeps_the_speed_history_from_the_newest_ratios() -> None:
     assert len(w.history) == before
     tokens = _worker("tokens")
     tokens.answer(0, slow)
-    assert not tokens.uses_speeds  # token balancing plans without the speeds
+    assert not tokens.uses_speeds and tokens.history == []  # plans without the speeds
 
 
 @dataclass
