@@ -231,7 +231,10 @@ class AdaptiveConformal:
     rate is driven to ``1 - coverage`` whatever the model's calibration on the run at hand
     (ACI's update applied to the score quantile, as in conformal quantile tracking,
     Angelopoulos et al. 2023). Intervals are rescaled around the median in log space by
-    ``exp(theta_h)``; ``theta_h`` stays within ``[-3, 3]``.
+    ``exp(theta_h)``; ``theta_h`` stays within ``[-3, 3]``. ``gamma`` is the step: at the
+    default 0.02 and 80% coverage, a miss by every rank widens that horizon's next intervals
+    by about 1.6% and a hit narrows them by 0.4%. An issued interval whose target is ``keep``
+    steps past the newest origin without being observed is dropped.
 
     Use: :meth:`adjust` the ``(H, P, 3)`` forecast made at origin ``t`` (step index) for
     ``horizons``, then :meth:`observe` the ``(T, P)`` history at later origins; origins must
@@ -265,8 +268,8 @@ class AdaptiveConformal:
             self.last_origin = int(origin)
             for j, h in enumerate(int(x) for x in horizons):
                 self.issued[(int(origin), h)] = result[j, :, ::2].copy()
-            oldest = origin - self.keep
-            for key in [k for k in self.issued if k[0] < oldest]:
+            oldest = origin - self.keep  # targets this far back were never observed
+            for key in [k for k in self.issued if k[0] + k[1] < oldest]:
                 del self.issued[key]
         return result
 

@@ -190,6 +190,17 @@ def test_aci_ignores_earlier_origins_and_narrows_too_wide_intervals():
     assert aci.issued == before
 
 
+def test_aci_scores_horizons_longer_than_its_memory():
+    aci = AdaptiveConformal(coverage=0.8, gamma=0.1, keep=8)
+    narrow = np.stack([np.full((1, 2), 0.99), np.ones((1, 2)), np.full((1, 2), 1.01)], axis=2)
+    hist = np.full((100, 2), 2.0)  # every value outside: each scored interval is a miss
+    for t in range(40):
+        aci.observe(hist[: t + 1], t)
+        aci.adjust(narrow, [20], t)
+    assert len(aci.misses[20]) == 40 - 20  # origins 0..19 reached their targets
+    assert aci.log_scale[20] == pytest.approx(20 * 0.1 * (1.0 - 0.2))  # 20 misses
+
+
 def test_model_speeds_recalibrate_online_with_aci():
     from types import SimpleNamespace
 
