@@ -15,14 +15,22 @@ Models: ``gru`` (:class:`~bubblecast.forecast.seq.SeqForecaster`) and ``lgbm``
 early-stop / calibrate on three disjoint sets of runs (50% / 20% / 30%), Mondrian shifts by
 volatility regime (:func:`~bubblecast.forecast.conformal.regime_shifts`).
 
+Beside each model's own intervals (``static``), the intervals as the policy layer serves them
+(``online``): :class:`~bubblecast.forecast.conformal.AdaptiveConformal` run over each held-out
+run origin by origin, as :class:`~bubblecast.policy.speeds.ModelSpeeds` runs it (its default
+``gamma`` is the served one; ``--gammas`` adds others), each interval scored only once its target
+step is observed. The first origins of a run are served the model's own intervals, so a run's
+online coverage includes ACI's burn-in.
+
 Each coverage comes with its standard error over runs (``se``: the standard deviation of the
 per-run coverages over the square root of the number of test runs; neighbouring steps share
 their errors, so runs, not rows, set the spread). Prints tables; writes
 ``benchmarks/results/calibration.json``.
 Usage: ``python benchmarks/calibration_spread.py [--train-seeds 1 3] [--held-seeds 2 4]
-[--steps 300] [--epochs 10] [--mixes one-seed single pooled]``. With ``--record-model DIR``
-it only scores a saved model on new runs of the scenarios ``models/default`` was trained on
-and records that in ``DIR/model.json`` (``coverage``; :func:`record_model`).
+[--steps 300] [--epochs 10] [--mixes one-seed single pooled] [--gammas 0.02 0.05 0.1]``.
+With ``--record-model DIR`` it only scores a saved model on new runs of the scenarios
+``models/default`` was trained on and records that in ``DIR/model.json`` (``coverage``;
+:func:`record_model`).
 """
 
 from __future__ import annotations
@@ -69,7 +77,40 @@ def makers(epochs: int) -> dict[str, Any]:
 def coverage(model: Any, held: pd.DataFrame, by: str | None = None) -> dict[str, Any]:
     """Per horizon: p10-p90 coverage of ``held``'s rows (``"all"``), its standard error over
     runs and the number of runs; with ``by``, also per value of that column."""
-    pred = model.predict_signal(held, list(HORIZONS))
+    return interval_coverage(held, model.predict_signal(held, list(HORIZONS)), by)
+
+
+def online_intervals(held: pd.DataFrame, pred: dict[int, np.ndarray], gamma: float
+                     ) -> dict[int, np.ndarray]:
+    """``pred`` (``{h: (n, 3)}`` on ``held``'s rows) with each run's p10-p90 intervals
+    recalibrated online by :class:`AdaptiveConformal` (``gamma``): origin by origin, the
+    intervals whose target step the origin has observed are scored first (the run's ``y``
+    per stage), then the origin's own are adjusted, as ``ModelSpeeds`` does live."""
+    from bubblecast.forecast.conformal import AdaptiveConformal
+
+    out = {h: np.array(pred[h], dtype=np.float64, copy=True) for h in HORIZONS}
+    for _, part in held.reset_index(drop=True).groupby("run_id", sort=False):
+        steps, stages = np.unique(part["step"]), np.unique(part["stage"])
+        si = np.searchsorted(steps, part["step"].to_numpy())
+        pi = np.searchsorted(stages, part["stage"].to_numpy())
+        rows = part.index.to_numpy()
+        q = np.full((len(steps), len(HORIZONS), len(stages), 3), np.nan)
+        y = np.full((len(steps), len(stages)), np.nan)
+        y[si, pi] = part["y"].to_numpy(np.float64)
+        for j, h in enumerate(HORIZONS):
+            q[si, j, pi] = pred[h][rows]
+        aci = AdaptiveConformal(gamma=gamma)
+        for i in range(len(steps)):
+            aci.observe(y[: i + 1], i)
+            q[i] = aci.adjust(q[i], list(HORIZONS), i)
+        for j, h in enumerate(HORIZONS):
+            out[h][rows] = q[si, j, pi]
+    return out
+
+
+def interval_coverage(held: pd.DataFrame, pred: dict[int, np.ndarray], by: str | None = None
+                      ) -> dict[str, Any]:
+    """:func:`coverage` of the intervals ``pred`` (``{h: (n, 3)}`` on ``held``'s rows)."""
     out: dict[str, Any] = {}
     for h in HORIZONS:
         y = held[f"y_h{h}"].to_numpy(np.float64)
@@ -109,37 +150,57 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     model = mk(0).fit(train)
                     fit_s = time.perf_counter() - start
                     for s, frame in held.items():
-                        cov = coverage(model, frame, by="scenario" if mix == "pooled" else None)
+                        by = "scenario" if mix == "pooled" else None
+                        pred = model.predict_signal(frame, list(HORIZONS))
+                        online = {str(g): interval_coverage(
+                            frame, online_intervals(frame, pred, g), by) for g in args.gammas}
                         records.append({"mix": mix, "train": name, "model": model_name,
                                         "train_seed": t, "held_seed": s, "fit_s": fit_s,
                                         "train_runs": int(train["run_id"].nunique()),
-                                        "coverage": cov})
+                                        "coverage": interval_coverage(frame, pred, by),
+                                        "online": online})
                         _print(records[-1])
     return records
 
 
+def served_gamma() -> float:
+    """The ``gamma`` of the ACI the policy layer serves intervals with (its default)."""
+    import inspect
+
+    from bubblecast.forecast.conformal import AdaptiveConformal
+
+    return float(inspect.signature(AdaptiveConformal).parameters["gamma"].default)
+
+
 def _print(r: dict[str, Any]) -> None:
-    for group, cov in r["coverage"].items():
-        cells = "  ".join(f"h{h} {cov[f'h{h}']['coverage']:.3f}±{cov[f'h{h}']['se']:.3f}"
-                          for h in HORIZONS)
-        print(f"{r['mix']:9} {r['train']:9} {r['model']:12} train s{r['train_seed']} held "
-              f"s{r['held_seed']} {group:9} {cells}", flush=True)
+    kinds = [("static", r["coverage"])] + [(f"aci {g}", c) for g, c in r["online"].items()]
+    for label, coverage_ in kinds:
+        for group, cov in coverage_.items():
+            cells = "  ".join(f"h{h} {cov[f'h{h}']['coverage']:.3f}±{cov[f'h{h}']['se']:.3f}"
+                              for h in HORIZONS)
+            print(f"{r['mix']:9} {r['train']:9} {r['model']:5} {label:9} train "
+                  f"s{r['train_seed']} held s{r['held_seed']} {group:9} {cells}", flush=True)
 
 
 def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (mix, training set, model, test group): the coverages over every training and
-    held-out seed and horizon, their range, and how many fall in the band (0.78-0.82 for
-    the whole test set, 0.75-0.85 for a scenario of the pooled mix)."""
-    rows: dict[tuple[str, str, str, str], list[float]] = {}
+    """Per (mix, training set, model, intervals, test group): the coverages over every
+    training and held-out seed and horizon, their range, and how many fall in the band
+    (0.78-0.82 for the whole test set, 0.75-0.85 for a scenario of the pooled mix).
+    ``intervals`` is ``static`` (the model's own) or ``online`` (ACI, ``gamma``)."""
+    rows: dict[tuple[str, str, str, str, float | None, str], list[float]] = {}
     for r in records:
-        for group, cov in r["coverage"].items():
-            rows.setdefault((r["mix"], r["train"], r["model"], group), []).extend(
-                cov[f"h{h}"]["coverage"] for h in HORIZONS)
+        kinds = [("static", None, r["coverage"])] + [
+            ("online", float(g), c) for g, c in r.get("online", {}).items()]
+        for intervals, gamma, coverage_ in kinds:
+            for group, cov in coverage_.items():
+                rows.setdefault((r["mix"], r["train"], r["model"], intervals, gamma, group),
+                                []).extend(cov[f"h{h}"]["coverage"] for h in HORIZONS)
     out = []
-    for (mix, train, model, group), values in rows.items():
+    for (mix, train, model, intervals, gamma, group), values in rows.items():
         lo, hi = SCENARIO_BAND if group != "all" else BAND
         v = np.array(values)
-        out.append({"mix": mix, "train": train, "model": model, "group": group,
+        out.append({"mix": mix, "train": train, "model": model, "intervals": intervals,
+                    "gamma": gamma, "group": group,
                     "mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
                     "band": [lo, hi], "in_band": int(((v >= lo) & (v <= hi)).sum()),
                     "n": len(v)})
@@ -148,10 +209,15 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def headline(table: list[dict[str, Any]]) -> dict[str, str]:
     """Per model and mix, ``"k/n"``: how many of the readings (seeds x horizons) fall in the
-    band; for the pooled mix, the whole test set and its scenarios apart."""
+    band; for the pooled mix, the whole test set and its scenarios apart. The model's own
+    intervals are ``..._in_band``; served with ACI at the served ``gamma``
+    ``..._online_in_band``, at another ``..._online_g{gamma}_in_band``."""
     counts: dict[str, list[int]] = {}
+    served = served_gamma()
     for s in table:
         part = "_scenarios" if s["group"] != "all" else ""
+        if s.get("intervals", "static") == "online":
+            part += "_online" if s["gamma"] == served else f"_online_g{s['gamma']:g}"
         key = f"{s['model']}_{s['mix'].replace('-', '_')}{part}_in_band"
         k, n = counts.setdefault(key, [0, 0])
         counts[key] = [k + s["in_band"], n + s["n"]]
@@ -201,6 +267,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--epochs", type=int, default=10, help="GRU epochs (early stopping).")
     ap.add_argument("--mixes", nargs="+", default=["one-seed", "single", "pooled"])
+    ap.add_argument("--gammas", type=float, nargs="+",
+                    default=sorted({0.02, 0.05, 0.1, served_gamma()}),
+                    help="ACI step sizes the online intervals are scored at (the default "
+                         "includes the one the policy layer serves).")
     ap.add_argument("--record-model", help="Only score this saved model directory on new "
                     "runs and record its coverage in its model.json (no benchmark).")
     ap.add_argument("--record-seed", type=int, default=7)
@@ -211,13 +281,17 @@ def main() -> None:
         return
     records = run(args)
     table = summary(records)
-    print(f"\n{'mix':9} {'train':9} {'model':12} {'test':9} mean   min    max    in band")
+    print(f"\n{'mix':9} {'train':9} {'model':5} {'intervals':11} {'test':9} mean   min    "
+          "max    in band")
     for s in table:
-        print(f"{s['mix']:9} {s['train']:9} {s['model']:12} {s['group']:9} {s['mean']:.3f}  "
+        label = s["intervals"] + (f" {s['gamma']:g}" if s["gamma"] is not None else "")
+        print(f"{s['mix']:9} {s['train']:9} {s['model']:5} {label:11} {s['group']:9} "
+              f"{s['mean']:.3f}  "
               f"{s['min']:.3f}  {s['max']:.3f}  {s['in_band']}/{s['n']} in {s['band']}")
     doc = run_header("calibration", **{"train_seeds": args.train_seeds,
                                        "held_seeds": args.held_seeds, "steps": args.steps,
                                        "epochs": args.epochs, "band": list(BAND),
+                                       "gammas": args.gammas, "served_gamma": served_gamma(),
                                        "scenario_band": list(SCENARIO_BAND)})
     doc.update(headline(table))
     doc["command"] = "python benchmarks/calibration_spread.py " + " ".join(sys.argv[1:])
