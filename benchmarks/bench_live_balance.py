@@ -15,7 +15,9 @@ First, per setting, two static runs of the same setup are recorded (``collect``'
 healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
 held-out run: its p90 relative error there is the "cost model, live" figure); the held-out run
 is then recorded once more with the same seed, and the two runs' per-op spread is the noise
-floor under that figure (below). Then one launch
+floor under that figure (below); beside it, a reference that is not a bound: the same learner
+and speed window fitted on the held-out run itself and scored there (``insample_p90``). Then
+one launch
 per run holds one trainer per policy, each on its own process groups, their steps
 interleaved (in an order shuffled every step, seeded, so that no trainer always follows the
 same one; a barrier around each step) so that every policy sees the same load of this shared
@@ -163,6 +165,11 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     run_out_job(twin, train_config(setting, scale["collect"], seed, f"{held}-twin",
                                    dilation_spec(setting)), timeout=1800)
     noise = op_spread(held_events, read_events(twin))
+    # a reference, not a bound: the chosen learner and speed window fitted on the held-out
+    # run itself and scored there (what this model family reaches having seen the run)
+    own = CostModel(learner=model.learner_, holdout=0.0, speed_window=model.speed_window_,
+                    seed=0).fit(held_events)
+    noise["insample_p90"] = float(own.score(held_events)["p90_rel_error"])
     return str(where), {"learner": model.learner_, **(model.metrics_.get("heldout") or {}),
                         "heldout_run": held, "noise": noise}
 
@@ -500,7 +507,8 @@ def main() -> None:
             print(f"\n{setting} (mean of {args.runs}; cost model held-out p90 "
                   f"{metrics.get('p90_rel_error', float('nan')):.3f}, {metrics.get('learner')}; "
                   f"floor under any model's p90 on that run {metrics['noise']['p90_floor']:.3f} "
-                  f"from {metrics['noise']['pairs']} ops run twice)")
+                  f"from {metrics['noise']['pairs']} ops run twice; fitted on that run itself "
+                  f"{metrics['noise']['insample_p90']:.3f})")
             print(f"{'policy':<12}{'docs/s':>10}{'x static':>10}{'paired':>9}{'recovery':>10}"
                   f"{'decide ms':>11}{'plan call ms':>14}")
             for n in names:

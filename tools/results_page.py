@@ -693,6 +693,9 @@ def r_live_balance(doc: dict) -> list[str]:
         floor = (f"; no model can go below {fmt(noise['p90_floor'], '.3f')} there: the 80th "
                  f"percentile of the spread of {noise['pairs']} ops the run and its same-seed "
                  f"twin both ran") if noise else ""
+        if noise and noise.get("insample_p90") is not None:
+            floor += (f"; the same learner fitted on that run itself and scored there (a "
+                      f"reference, not a bound): {fmt(noise['insample_p90'], '.3f')}")
         lines += [f"**{setting}** (cost model: {cm.get('learner')}, p90 relative error on a "
                   f"held-out live run {fmt(cm.get('p90_rel_error'), '.3f')}{floor})", ""]
         call = any(m.get("plan_call_ms") is not None for m in s["mean"].values())
@@ -954,10 +957,12 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         floor = (f", no plan beyond {off['floor']:.3f}x (critical-path floor)"
                  if off.get("floor") else f", perfect-balance bound {off['bound']:.3f}x")
         held = s["cost_model_heldout"]
+        own = held["noise"].get("insample_p90")
+        own_txt = f", fitted on that run itself {own:.3f}" if own is not None else ""
         return (f"balance {m['balance']['ratio']:.3f}x static, tokens {m['tokens']['ratio']:.3f}x "
                 f"({len(s['runs'])} runs; cost model held-out p90 {held['p90_rel_error']:.3f}, "
-                f"noise floor {held['noise']['p90_floor']:.3f}); offline on the same documents: "
-                f"balance {off['balance']:.3f}x{floor}")
+                f"noise floor {held['noise']['p90_floor']:.3f}{own_txt}); offline on the same "
+                f"documents: balance {off['balance']:.3f}x{floor}")
 
     def live_slow(d: dict) -> str:
         s = d["settings"]["slow-replica"]
@@ -985,8 +990,10 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         "replicas, simulated)", balance)
     add("live_balance-documents.json", "Per-step work planning live, documents only (packed "
         "GPT, 4096-token budget, 2 CPU stages x 4 micro-batches)", live_documents)
-    add("live_balance-documents-3run.json", "The same, the latest launch (a quieter machine: "
-        "see the results notes for every launch)", live_documents)
+    add("live_balance-documents-3run.json", "The same, a 3-run launch on a quieter machine "
+        "(the results notes list every launch)", live_documents)
+    add("live_balance-documents-latest.json", "The same, the latest launch (3 runs)",
+        live_documents)
     add("live_balance.json", "Per-step work planning live, one replica 1.5x slower (2 replicas "
         "x 2 CPU stages, 4 micro-batches each)", live_slow)
     add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
