@@ -233,19 +233,31 @@ class AdaptiveConformal:
     Angelopoulos et al. 2023). Intervals are rescaled around the median in log space by
     ``exp(theta_h)``; ``theta_h`` stays within ``[-3, 3]``. ``gamma`` is the step: at the
     default 0.02 and 80% coverage, a miss by every rank widens that horizon's next intervals
-    by about 1.6% and a hit narrows them by 0.4%. An issued interval whose target is ``keep``
-    steps past the newest origin without being observed is dropped.
+    by about 1.6% and a hit narrows them by 0.4%. With ``gamma_start`` above it the step
+    decays per horizon (:meth:`step`), as in online conformal prediction with decaying step
+    sizes (Angelopoulos et al. 2024): ``gamma_start`` on a run's first update, falling
+    exponentially (scale ``decay`` updates) to ``gamma``, which moves a badly calibrated
+    interval within the first hundred or so steps (and moves the policy's planning speed with
+    it; the results notes weigh the two). An issued interval whose target is ``keep`` steps
+    past the newest origin without being observed is dropped.
 
     Use: :meth:`adjust` the ``(H, P, 3)`` forecast made at origin ``t`` (step index) for
     ``horizons``, then :meth:`observe` the ``(T, P)`` history at later origins; origins must
     increase (a call at an earlier one, e.g. a backtest, is passed through unrecorded).
     """
 
-    def __init__(self, coverage: float = 0.8, gamma: float = 0.02, keep: int = 64) -> None:
+    def __init__(self, coverage: float = 0.8, gamma: float = 0.02,
+                 gamma_start: float | None = None, decay: float = 60.0, keep: int = 64) -> None:
         if not 0.0 < coverage < 1.0 or not gamma > 0:
             raise ValueError(f"ACI: coverage in (0, 1) and gamma > 0, got {coverage}, {gamma}")
+        gamma_start = gamma if gamma_start is None else gamma_start
+        if not gamma_start >= gamma or not decay > 0:
+            raise ValueError(f"ACI: gamma_start >= gamma and decay > 0, got {gamma_start}, "
+                             f"{decay}")
         self.coverage = coverage
         self.gamma = gamma
+        self.gamma_start = gamma_start
+        self.decay = decay
         self.keep = keep
         self.log_scale: dict[int, float] = {}
         self.issued: dict[tuple[int, int], np.ndarray] = {}  # (origin, h) -> (P, 2) lo, hi
@@ -286,9 +298,15 @@ class AdaptiveConformal:
                 continue
             y = hist[row]
             miss = float(np.mean((y < bounds[:, 0]) | (y > bounds[:, 1])))
-            self.misses.setdefault(h, []).append(miss)
-            theta = self.log_scale.get(h, 0.0) + self.gamma * (miss - target)
+            scored = self.misses.setdefault(h, [])
+            theta = self.log_scale.get(h, 0.0) + self.step(len(scored)) * (miss - target)
+            scored.append(miss)
             self.log_scale[h] = float(min(max(theta, -3.0), 3.0))
+
+    def step(self, scored: int) -> float:
+        """The step of a horizon's update after ``scored`` earlier ones: ``gamma_start``
+        decaying exponentially (scale ``decay`` updates) to ``gamma``."""
+        return self.gamma + (self.gamma_start - self.gamma) * float(np.exp(-scored / self.decay))
 
     def coverage_by_horizon(self) -> dict[int, float]:
         """Realised coverage of the intervals scored so far, per horizon."""

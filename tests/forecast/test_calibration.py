@@ -155,26 +155,51 @@ def test_lightgbm_held_out_coverage(frames):
     assert_in_band(held_out_coverage(model, held), n_cal=7)  # 30% of 24 runs
 
 
+def _aci_online(aci: AdaptiveConformal, level: np.ndarray, raw: np.ndarray) -> list[float]:
+    """Per origin, the share of ranks inside ``aci``'s adjusted one-step interval."""
+    inside = []
+    for t in range(len(level) - 1):
+        aci.observe(level[: t + 1], t)
+        q = aci.adjust(raw, [1], t)[0]  # (P, 3)
+        inside.append(float(np.mean((level[t + 1] >= q[:, 0]) & (level[t + 1] <= q[:, 2]))))
+    return inside
+
+
 def test_aci_brings_a_miscalibrated_forecast_to_80_percent_online():
     rng = np.random.default_rng(0)
     T, P = 4000, 4
     level = np.exp(rng.normal(0, 0.02, size=(T, P)))  # the truth: log-normal, sd 0.02
     raw = np.stack([np.full((1, P), np.exp(-0.005)), np.ones((1, P)),
                     np.full((1, P), np.exp(0.005))], axis=2)  # p10-p90 far too narrow
-    aci = AdaptiveConformal(coverage=0.8, gamma=0.02)
-    inside = []
-    for t in range(T - 1):
-        aci.observe(level[: t + 1], t)
-        q = aci.adjust(raw, [1], t)[0]  # (P, 3)
-        inside.append(np.mean((level[t + 1] >= q[:, 0]) & (level[t + 1] <= q[:, 2])))
-    late = np.mean(inside[T // 2:])
-    assert np.mean(inside[:50]) < 0.5  # raw intervals cover far less
-    # After the burn-in, coverage is 0.8 up to the noise of 2000 x 4 indicators (ACI's own
-    # oscillation included): 0.8 +- 0.02.
-    assert abs(late - 0.8) < 0.02
-    assert abs(aci.coverage_by_horizon()[1] - np.mean(inside[:-1])) < 0.01
+    for aci in (AdaptiveConformal(coverage=0.8), AdaptiveConformal(gamma=0.02, gamma_start=0.3)):
+        inside = _aci_online(aci, level, raw)
+        late = np.mean(inside[T // 2:])
+        assert np.mean(inside[:3]) < 0.5  # raw intervals cover far less
+        # After the burn-in, coverage is 0.8 up to the noise of 2000 x 4 indicators (ACI's
+        # own oscillation included): 0.8 +- 0.02.
+        assert abs(late - 0.8) < 0.02
+        assert abs(aci.coverage_by_horizon()[1] - np.mean(inside)) < 0.01
     with pytest.raises(ValueError):
         AdaptiveConformal(coverage=1.5)
+    with pytest.raises(ValueError):
+        AdaptiveConformal(gamma=0.1, gamma_start=0.05)
+
+
+def test_aci_decaying_step_reaches_the_target_sooner_than_the_constant_one():
+    rng = np.random.default_rng(1)
+    T, P = 300, 4  # a short run: the first 300 steps are all a constant step 0.02 gets
+    level = np.exp(rng.normal(0, 0.02, size=(T, P)))
+    raw = np.stack([np.full((1, P), np.exp(-0.005)), np.ones((1, P)),
+                    np.full((1, P), np.exp(0.005))], axis=2)
+    decaying = np.mean(_aci_online(AdaptiveConformal(gamma_start=0.3), level, raw))
+    constant = np.mean(_aci_online(AdaptiveConformal(), level, raw))  # the default: 0.02
+    assert constant < 0.7  # still far below 0.8 over the run
+    assert abs(decaying - 0.8) < 0.05  # 300 x 4 indicators and the burn-in
+    aci = AdaptiveConformal(gamma=0.02, gamma_start=0.3, decay=60.0)
+    assert aci.step(0) == pytest.approx(0.3)
+    assert aci.step(60) == pytest.approx(0.02 + 0.28 / np.e)
+    assert aci.step(10_000) == pytest.approx(0.02)
+    assert AdaptiveConformal(gamma=0.05).step(0) == 0.05  # constant by default
 
 
 def test_aci_ignores_earlier_origins_and_narrows_too_wide_intervals():
