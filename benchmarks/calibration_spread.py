@@ -17,17 +17,18 @@ volatility regime (:func:`~bubblecast.forecast.conformal.regime_shifts`).
 
 Beside each model's own intervals (``static``), the intervals as the policy layer serves them
 (``online``): :class:`~bubblecast.forecast.conformal.AdaptiveConformal` run over each held-out
-run origin by origin, as :class:`~bubblecast.policy.speeds.ModelSpeeds` runs it (its default
-``gamma`` is the served one; ``--gammas`` adds others), each interval scored only once its target
-step is observed. The first origins of a run are served the model's own intervals, so a run's
-online coverage includes ACI's burn-in.
+run origin by origin, as :class:`~bubblecast.policy.speeds.ModelSpeeds` runs it (``served``:
+its defaults, a constant step 0.02), each interval scored only once its target step is
+observed; and, for comparison, ACI with a step decaying from 0.3 to 0.02 (``decaying``) and
+with other constant steps (``--gammas``). A run's online coverage includes ACI's burn-in from
+its first origin.
 
 Each coverage comes with its standard error over runs (``se``: the standard deviation of the
 per-run coverages over the square root of the number of test runs; neighbouring steps share
 their errors, so runs, not rows, set the spread). Prints tables; writes
 ``benchmarks/results/calibration.json``.
 Usage: ``python benchmarks/calibration_spread.py [--train-seeds 1 3] [--held-seeds 2 4]
-[--steps 300] [--epochs 10] [--mixes one-seed single pooled] [--gammas 0.02 0.05 0.1]``.
+[--steps 300] [--epochs 10] [--mixes one-seed single pooled] [--gammas 0.05 0.1]``.
 With ``--record-model DIR`` it only scores a saved model on new runs of the scenarios
 ``models/default`` was trained on and records that in ``DIR/model.json`` (``coverage``;
 :func:`record_model`).
@@ -80,10 +81,18 @@ def coverage(model: Any, held: pd.DataFrame, by: str | None = None) -> dict[str,
     return interval_coverage(held, model.predict_signal(held, list(HORIZONS)), by)
 
 
-def online_intervals(held: pd.DataFrame, pred: dict[int, np.ndarray], gamma: float
+def aci_settings(gammas: list[float]) -> dict[str, dict[str, float]]:
+    """The ACI settings scored online: ``served`` (the class defaults, what ``ModelSpeeds``
+    uses), ``decaying`` (the default step decaying from 0.3, scale 60 updates) and a constant
+    step ``g`` for each of ``gammas``."""
+    return {"served": {}, "decaying": {"gamma_start": 0.3, "decay": 60.0},
+            **{f"{g:g}": {"gamma": g} for g in gammas}}
+
+
+def online_intervals(held: pd.DataFrame, pred: dict[int, np.ndarray], aci_kw: dict[str, float]
                      ) -> dict[int, np.ndarray]:
     """``pred`` (``{h: (n, 3)}`` on ``held``'s rows) with each run's p10-p90 intervals
-    recalibrated online by :class:`AdaptiveConformal` (``gamma``): origin by origin, the
+    recalibrated online by :class:`AdaptiveConformal` (``aci_kw``): origin by origin, the
     intervals whose target step the origin has observed are scored first (the run's ``y``
     per stage), then the origin's own are adjusted, as ``ModelSpeeds`` does live."""
     from bubblecast.forecast.conformal import AdaptiveConformal
@@ -99,7 +108,7 @@ def online_intervals(held: pd.DataFrame, pred: dict[int, np.ndarray], gamma: flo
         y[si, pi] = part["y"].to_numpy(np.float64)
         for j, h in enumerate(HORIZONS):
             q[si, j, pi] = pred[h][rows]
-        aci = AdaptiveConformal(gamma=gamma)
+        aci = AdaptiveConformal(**aci_kw)
         for i in range(len(steps)):
             aci.observe(y[: i + 1], i)
             q[i] = aci.adjust(q[i], list(HORIZONS), i)
@@ -152,8 +161,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for s, frame in held.items():
                         by = "scenario" if mix == "pooled" else None
                         pred = model.predict_signal(frame, list(HORIZONS))
-                        online = {str(g): interval_coverage(
-                            frame, online_intervals(frame, pred, g), by) for g in args.gammas}
+                        online = {name: interval_coverage(
+                            frame, online_intervals(frame, pred, kw), by)
+                            for name, kw in aci_settings(args.gammas).items()}
                         records.append({"mix": mix, "train": name, "model": model_name,
                                         "train_seed": t, "held_seed": s, "fit_s": fit_s,
                                         "train_runs": int(train["run_id"].nunique()),
@@ -163,13 +173,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
-def served_gamma() -> float:
-    """The ``gamma`` of the ACI the policy layer serves intervals with (its default)."""
+def served_aci() -> dict[str, float]:
+    """The ACI defaults the policy layer serves intervals with."""
     import inspect
 
     from bubblecast.forecast.conformal import AdaptiveConformal
 
-    return float(inspect.signature(AdaptiveConformal).parameters["gamma"].default)
+    params = inspect.signature(AdaptiveConformal).parameters
+    return {k: params[k].default for k in ("gamma", "gamma_start", "decay")}
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -186,21 +197,24 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (mix, training set, model, intervals, test group): the coverages over every
     training and held-out seed and horizon, their range, and how many fall in the band
     (0.78-0.82 for the whole test set, 0.75-0.85 for a scenario of the pooled mix).
-    ``intervals`` is ``static`` (the model's own) or ``online`` (ACI, ``gamma``)."""
-    rows: dict[tuple[str, str, str, str, float | None, str], list[float]] = {}
+    ``intervals`` is ``static`` (the model's own) or ``online`` (ACI: ``aci`` ``served``, the
+    policy layer's, ``decaying``, or a constant step ``gamma``)."""
+    rows: dict[tuple[str, str, str, str, str | None, str], list[float]] = {}
     for r in records:
         kinds = [("static", None, r["coverage"])] + [
-            ("online", float(g), c) for g, c in r.get("online", {}).items()]
-        for intervals, gamma, coverage_ in kinds:
+            ("online", name, c) for name, c in r.get("online", {}).items()]
+        for intervals, aci, coverage_ in kinds:
             for group, cov in coverage_.items():
-                rows.setdefault((r["mix"], r["train"], r["model"], intervals, gamma, group),
+                rows.setdefault((r["mix"], r["train"], r["model"], intervals, aci, group),
                                 []).extend(cov[f"h{h}"]["coverage"] for h in HORIZONS)
     out = []
-    for (mix, train, model, intervals, gamma, group), values in rows.items():
+    for (mix, train, model, intervals, aci, group), values in rows.items():
         lo, hi = SCENARIO_BAND if group != "all" else BAND
         v = np.array(values)
         out.append({"mix": mix, "train": train, "model": model, "intervals": intervals,
-                    "gamma": gamma, "group": group,
+                    "aci": aci,
+                    "gamma": None if aci in (None, "served", "decaying") else float(aci),
+                    "group": group,
                     "mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
                     "band": [lo, hi], "in_band": int(((v >= lo) & (v <= hi)).sum()),
                     "n": len(v)})
@@ -210,14 +224,15 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def headline(table: list[dict[str, Any]]) -> dict[str, str]:
     """Per model and mix, ``"k/n"``: how many of the readings (seeds x horizons) fall in the
     band; for the pooled mix, the whole test set and its scenarios apart. The model's own
-    intervals are ``..._in_band``; served with ACI at the served ``gamma``
-    ``..._online_in_band``, at another ``..._online_g{gamma}_in_band``."""
+    intervals are ``..._in_band``; served (the policy layer's ACI) ``..._online_in_band``;
+    with the decaying step ``..._online_decaying_in_band``; with another constant step
+    ``..._online_g{gamma}_in_band``."""
     counts: dict[str, list[int]] = {}
-    served = served_gamma()
     for s in table:
         part = "_scenarios" if s["group"] != "all" else ""
         if s.get("intervals", "static") == "online":
-            part += "_online" if s["gamma"] == served else f"_online_g{s['gamma']:g}"
+            named = {"served": "_online", "decaying": "_online_decaying"}
+            part += named[s["aci"]] if s["aci"] in named else f"_online_g{s['gamma']:g}"
         key = f"{s['model']}_{s['mix'].replace('-', '_')}{part}_in_band"
         k, n = counts.setdefault(key, [0, 0])
         counts[key] = [k + s["in_band"], n + s["n"]]
@@ -268,9 +283,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10, help="GRU epochs (early stopping).")
     ap.add_argument("--mixes", nargs="+", default=["one-seed", "single", "pooled"])
     ap.add_argument("--gammas", type=float, nargs="+",
-                    default=sorted({0.02, 0.05, 0.1, served_gamma()}),
-                    help="ACI step sizes the online intervals are scored at (the default "
-                         "includes the one the policy layer serves).")
+                    default=[0.05, 0.1],
+                    help="other constant ACI steps the online intervals are also scored at, "
+                         "beside the policy layer's own setting and the decaying step.")
     ap.add_argument("--record-model", help="Only score this saved model directory on new "
                     "runs and record its coverage in its model.json (no benchmark).")
     ap.add_argument("--record-seed", type=int, default=7)
@@ -284,14 +299,14 @@ def main() -> None:
     print(f"\n{'mix':9} {'train':9} {'model':5} {'intervals':11} {'test':9} mean   min    "
           "max    in band")
     for s in table:
-        label = s["intervals"] + (f" {s['gamma']:g}" if s["gamma"] is not None else "")
+        label = s["intervals"] + (f" {s['aci']}" if s["aci"] is not None else "")
         print(f"{s['mix']:9} {s['train']:9} {s['model']:5} {label:11} {s['group']:9} "
               f"{s['mean']:.3f}  "
               f"{s['min']:.3f}  {s['max']:.3f}  {s['in_band']}/{s['n']} in {s['band']}")
     doc = run_header("calibration", **{"train_seeds": args.train_seeds,
                                        "held_seeds": args.held_seeds, "steps": args.steps,
                                        "epochs": args.epochs, "band": list(BAND),
-                                       "gammas": args.gammas, "served_gamma": served_gamma(),
+                                       "gammas": args.gammas, "served_aci": served_aci(),
                                        "scenario_band": list(SCENARIO_BAND)})
     doc.update(headline(table))
     doc["command"] = "python benchmarks/calibration_spread.py " + " ".join(sys.argv[1:])
