@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
-def served_aci() -> dict[str, float]:
+def served_aci() -> dict[str, float | None]:
     """The ACI defaults the policy layer serves intervals with."""
     import inspect
 
@@ -189,7 +189,7 @@ def _print(r: dict[str, Any]) -> None:
         for group, cov in coverage_.items():
             cells = "  ".join(f"h{h} {cov[f'h{h}']['coverage']:.3f}±{cov[f'h{h}']['se']:.3f}"
                               for h in HORIZONS)
-            print(f"{r['mix']:9} {r['train']:9} {r['model']:5} {label:9} train "
+            print(f"{r['mix']:9} {r['train']:9} {r['model']:5} {label:12} train "
                   f"s{r['train_seed']} held s{r['held_seed']} {group:9} {cells}", flush=True)
 
 
