@@ -262,7 +262,7 @@ class PredictivePolicy(Policy):
         if opt > now * (1.0 - self.min_gain):  # cheap screen before the engine
             return Decision.keep("forecast shows no imbalance worth a move")
         found = candidates(prob, current=current, move_bytes=state.move_bytes, tables=tables,
-                           bottleneck=opt, neighbours=self.neighbours or state.neighbours)
+                           bottleneck=opt, neighbours=self.neighbours)
         options = [current] + [p for p in found if p != current]
         step, _ = state.predicted_step(options, plan)  # (K, H)
         return self._judge(state, options, step, plan)

@@ -69,9 +69,7 @@ class PolicyState:
     now in force; ``last_action`` the step index of the policy's last repartition (or None);
     ``fixed`` ``(P,)`` each rank's per-micro-batch cost that stays with the rank whatever layers
     it holds, in ``costs`` units (None: 0; split evenly over a rank's virtual stages and over
-    F, B, W like the layers' costs); ``neighbours``: the predictive policy also scores the
-    one-layer shifts of each of the solver's candidates with the engine (the live decider
-    sets it).
+    F, B, W like the layers' costs).
     """
 
     t: int
@@ -84,7 +82,6 @@ class PolicyState:
     memory: np.ndarray | None = None
     memory_cap: np.ndarray | float | None = None
     fixed: np.ndarray | None = None
-    neighbours: bool = False
 
     def vspeed(self, rank_speed: np.ndarray) -> np.ndarray:
         """Per-virtual-stage speeds from per-rank ones (each virtual stage at its rank's:

@@ -75,13 +75,13 @@ def test_the_live_predictive_scores_the_neighbours_and_aims_at_9_3_in_one_move()
         def forecast(self, state, horizons):
             return np.tile(np.array([1.0, 1.9])[None, :, None], (len(horizons), 1, 3))
 
-    def decide(live: bool, policy: bool = True):
+    def decide(neighbours: bool):
         s = PolicyState(t=50, history=np.tile([1.0, 1.9], (51, 1)), partition=(6, 6),
-                        costs=COSTS, pipeline=PIPE, migration=MIG, neighbours=live)
+                        costs=COSTS, pipeline=PIPE, migration=MIG)
         p = PredictivePolicy(forecaster=Flat(), guard={"enabled": False, "confirm": 1},
-                             neighbours=policy)
+                             neighbours=neighbours)
         return p.decide(s).action.partition
 
+    assert PredictivePolicy().neighbours  # the default, offline as live
     assert tuple(decide(True)) == (9, 3)
-    assert tuple(decide(False)) == (9, 3)  # offline as live (the policy's default)
-    assert tuple(decide(False, policy=False)) == (8, 4)  # the solver's candidates alone
+    assert tuple(decide(False)) == (8, 4)  # the solver's candidates alone

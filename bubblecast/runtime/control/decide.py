@@ -201,7 +201,7 @@ class Decider:
         return PolicyState(t=t, history=robust_speeds(self._raw, self.config.smooth),
                            partition=current, costs=costs, pipeline=pipe,
                            migration=MigrationCost(self.param_bytes, self.constants),
-                           last_action=last, neighbours=True,
+                           last_action=last,
                            fixed=np.full(plan.stages, fixed) if fixed > 0 else None)
 
     def _ask(self, plan: Any, current: tuple[int, ...], last_move: int | None
