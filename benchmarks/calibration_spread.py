@@ -231,8 +231,8 @@ def headline(table: list[dict[str, Any]]) -> dict[str, str]:
     for s in table:
         part = "_scenarios" if s["group"] != "all" else ""
         if s.get("intervals", "static") == "online":
-            named = {"served": "_online", "decaying": "_online_decaying"}
-            part += named[s["aci"]] if s["aci"] in named else f"_online_g{s['gamma']:g}"
+            part += {"served": "_online", "decaying": "_online_decaying"}.get(
+                s["aci"], f"_online_g{s['aci']}")  # a constant step's name is its value
         key = f"{s['model']}_{s['mix'].replace('-', '_')}{part}_in_band"
         k, n = counts.setdefault(key, [0, 0])
         counts[key] = [k + s["in_band"], n + s["n"]]
