@@ -76,7 +76,8 @@ class SimConfig:
     (``uniform:L``, a file or a :class:`Workload`) replaces ``f/b/w`` by per-layer costs
     (``uniform:L`` scales them from ``f/b/w``); ``partition`` is layers per stage (one list, a
     ``(steps, S)`` array or a callable ``step -> list``; default an even split);
-    ``scenario`` a name or a :class:`Scenario` (run ``k`` reseeds it from ``seed`` and ``k``).
+    ``scenario`` a name or a :class:`Scenario` (its parameters; run ``k`` reseeds it from
+    ``seed`` and ``k``, whatever the instance's own ``seed``).
     ``documents`` (a preset or JSON file, resolved here to a :class:`DocumentSource` of
     ``token_budget``) makes a document run (module doc): no ``seqlen``, ``mixed`` without it."""
 
@@ -160,20 +161,16 @@ class SimConfig:
         return PipelineShape(self.schedule, self.stages, self.microbatches, self.chunks,
                              self.comm / 1000.0)
 
-    @property
-    def base_seed(self) -> int:
-        """``seed``, or the seed of a :class:`Scenario` instance given as ``scenario``."""
-        return int(self.scenario.seed if isinstance(self.scenario, Scenario) else self.seed)
-
     def scenario_for(self, k: int) -> Scenario:
-        """Run ``k``'s scenario, seeded from (``base_seed``, ``k``); ``mixed`` without
-        ``seqlen`` in document runs."""
+        """Run ``k``'s scenario, seeded from (``seed``, ``k``) (a :class:`Scenario` instance
+        gives the parameters; its own ``seed`` is replaced); ``mixed`` without ``seqlen`` in
+        document runs."""
         proto = self.scenario if isinstance(self.scenario, Scenario) \
             else make_scenario(self.scenario)
         if self.documents is not None and isinstance(proto, Mixed) \
                 and "seqlen" not in proto.exclude:
             proto = replace(proto, exclude=(*proto.exclude, "seqlen"))
-        seed = int(np.random.SeedSequence([self.base_seed, k, 0]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([self.seed, k, 0]).generate_state(1)[0])
         return replace(proto, seed=seed)
 
 
@@ -220,7 +217,7 @@ def document_work(config: SimConfig, k: int) -> DocumentWork | None:
         return None
     steps, replicas, m = config.steps, config.replicas, config.microbatches
     bins, budget = replicas * m, config.token_budget
-    seed = int(np.random.SeedSequence([config.base_seed, k, 2]).generate_state(1)[0])
+    seed = int(np.random.SeedSequence([config.seed, k, 2]).generate_state(1)[0])
     batches = packing.draw_batches(source, seed, steps, bins)
     owner = np.concatenate([packing.next_fit(b, budget) + s * bins for s, b in enumerate(batches)])
     stats = packing.microbatch_stats(np.concatenate(batches), owner, steps * bins)
@@ -267,7 +264,7 @@ def _durations(config: SimConfig, sg: Any, k: int, workload: Workload, parts: np
     work = draw.work if docs is None else docs.work  # (steps, replicas, M)
     if work is not None:
         out *= work[:, :, sg.microbatch]
-    _apply_noise(config.base_seed, k, draw.noise_sigma, out)
+    _apply_noise(config.seed, k, draw.noise_sigma, out)
     return (scenario, draw), workload
 
 
@@ -453,7 +450,7 @@ def _run_meta(config: SimConfig, k: int, scenario: Scenario, draw: Any, workload
         "workload": workload.to_json(),
         "scenario": {**scenario.params(), **{"realised": draw.info}},
         "sim": {"f_ms": config.f, "b_ms": config.b, "w_ms": config.w, "comm_ms": config.comm,
-                "seed": config.base_seed, "run_index": k, "model": model,
+                "seed": config.seed, "run_index": k, "model": model,
                 "steps": config.steps, "noise_sigma": float(draw.noise_sigma)},
     }
     if len(parts) > 1 and np.any(parts[1:] != parts[:-1]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from bubblecast.errors import BubblecastError
@@ -150,3 +151,21 @@ def test_runs_without_token_counts_get_nulls_not_zero_tokens():
     assert (by_run.min().dropna() > 0).all()
     share_missing = by_run.apply(lambda s: s.isna().mean())
     assert set(share_missing.round(6)) <= {0.0, 1.0}
+
+
+def test_a_scenario_instance_gives_parameters_and_the_config_seed_draws_the_runs():
+    # A benchmark passes an instance for its parameters and a seed per split (tuning runs,
+    # held-out runs): the split's seed must decide the draws, not the instance's own seed.
+    sc = make_scenario("failslow", seed=0, noise_sigma=0.01)
+
+    def realised(seed: int, scenario=sc) -> list:
+        ev = simulate_events(_config(scenario=scenario, seed=seed, runs=3))
+        return [ev.runs[f"sim-{k}"].extra["scenario"]["realised"] for k in range(3)]
+
+    assert realised(1000) != realised(90000)
+    assert realised(1000) == realised(1000)
+    assert realised(1000, dataclasses.replace(sc, seed=9)) == realised(1000)
+    named = simulate_events(_config(scenario="failslow", seed=1000, runs=1)).frame
+    inst = simulate_events(_config(scenario=make_scenario("failslow", seed=7), seed=1000,
+                                   runs=1)).frame
+    pd.testing.assert_frame_equal(named, inst)  # an instance of the defaults = the name
