@@ -18,17 +18,17 @@ volatility regime (:func:`~bubblecast.forecast.conformal.regime_shifts`).
 Beside each model's own intervals (``static``), the intervals as the policy layer serves them
 (``online``): :class:`~bubblecast.forecast.conformal.AdaptiveConformal` run over each held-out
 run origin by origin, as :class:`~bubblecast.policy.speeds.ModelSpeeds` runs it (``served``:
-its defaults, a constant step 0.02), each interval scored only once its target step is
-observed; and, for comparison, ACI with a step decaying from 0.3 to 0.02 (``decaying``) and
-with other constant steps (``--gammas``). A run's online coverage includes ACI's burn-in from
-its first origin.
+:data:`~bubblecast.policy.speeds.SERVED_ACI`, a step decaying from 0.3 to 0.02), each interval
+scored only once its target step is observed; and, for comparison, ACI with constant steps
+(``--gammas``; 0.02 is the step served before the decaying one). A run's online coverage
+includes ACI's burn-in from its first origin.
 
 Each coverage comes with its standard error over runs (``se``: the standard deviation of the
 per-run coverages over the square root of the number of test runs; neighbouring steps share
 their errors, so runs, not rows, set the spread). Prints tables; writes
 ``benchmarks/results/calibration.json``.
 Usage: ``python benchmarks/calibration_spread.py [--train-seeds 1 3] [--held-seeds 2 4]
-[--steps 300] [--epochs 10] [--mixes one-seed single pooled] [--gammas 0.05 0.1]``.
+[--steps 300] [--epochs 10] [--mixes one-seed single pooled] [--gammas 0.02 0.05 0.1]``.
 With ``--record-model DIR`` it only scores a saved model on new runs of the scenarios
 ``models/default`` was trained on and records that in ``DIR/model.json`` (``coverage``;
 :func:`record_model`).
@@ -82,11 +82,9 @@ def coverage(model: Any, held: pd.DataFrame, by: str | None = None) -> dict[str,
 
 
 def aci_settings(gammas: list[float]) -> dict[str, dict[str, float]]:
-    """The ACI settings scored online: ``served`` (the class defaults, what ``ModelSpeeds``
-    uses), ``decaying`` (the default step decaying from 0.3, scale 60 updates) and a constant
-    step ``g`` for each of ``gammas``."""
-    return {"served": {}, "decaying": {"gamma_start": 0.3, "decay": 60.0},
-            **{f"{g:g}": {"gamma": g} for g in gammas}}
+    """The ACI settings scored online: ``served`` (:data:`~bubblecast.policy.speeds.
+    SERVED_ACI`, what ``ModelSpeeds`` uses) and a constant step ``g`` for each of ``gammas``."""
+    return {"served": served_aci(), **{f"{g:g}": {"gamma": g} for g in gammas}}
 
 
 def online_intervals(held: pd.DataFrame, pred: dict[int, np.ndarray], aci_kw: dict[str, float]
@@ -173,14 +171,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
-def served_aci() -> dict[str, float | None]:
-    """The ACI defaults the policy layer serves intervals with."""
-    import inspect
+def served_aci() -> dict[str, float]:
+    """The ACI keywords the policy layer serves intervals with."""
+    from bubblecast.policy.speeds import SERVED_ACI
 
-    from bubblecast.forecast.conformal import AdaptiveConformal
-
-    params = inspect.signature(AdaptiveConformal).parameters
-    return {k: params[k].default for k in ("gamma", "gamma_start", "decay")}
+    return dict(SERVED_ACI)
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -198,7 +193,7 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     training and held-out seed and horizon, their range, and how many fall in the band
     (0.78-0.82 for the whole test set, 0.75-0.85 for a scenario of the pooled mix).
     ``intervals`` is ``static`` (the model's own) or ``online`` (ACI: ``aci`` ``served``, the
-    policy layer's, ``decaying``, or a constant step ``gamma``)."""
+    policy layer's, or a constant step ``gamma``)."""
     rows: dict[tuple[str, str, str, str, str | None, str], list[float]] = {}
     for r in records:
         kinds = [("static", None, r["coverage"])] + [
@@ -213,7 +208,7 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         v = np.array(values)
         out.append({"mix": mix, "train": train, "model": model, "intervals": intervals,
                     "aci": aci,
-                    "gamma": None if aci in (None, "served", "decaying") else float(aci),
+                    "gamma": None if aci in (None, "served") else float(aci),
                     "group": group,
                     "mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
                     "band": [lo, hi], "in_band": int(((v >= lo) & (v <= hi)).sum()),
@@ -225,14 +220,12 @@ def headline(table: list[dict[str, Any]]) -> dict[str, str]:
     """Per model and mix, ``"k/n"``: how many of the readings (seeds x horizons) fall in the
     band; for the pooled mix, the whole test set and its scenarios apart. The model's own
     intervals are ``..._in_band``; served (the policy layer's ACI) ``..._online_in_band``;
-    with the decaying step ``..._online_decaying_in_band``; with another constant step
-    ``..._online_g{gamma}_in_band``."""
+    with a constant step ``..._online_g{gamma}_in_band``."""
     counts: dict[str, list[int]] = {}
     for s in table:
         part = "_scenarios" if s["group"] != "all" else ""
         if s.get("intervals", "static") == "online":
-            part += {"served": "_online", "decaying": "_online_decaying"}.get(
-                s["aci"], f"_online_g{s['aci']}")  # a constant step's name is its value
+            part += "_online" if s["aci"] == "served" else f"_online_g{s['aci']}"  # its value
         key = f"{s['model']}_{s['mix'].replace('-', '_')}{part}_in_band"
         k, n = counts.setdefault(key, [0, 0])
         counts[key] = [k + s["in_band"], n + s["n"]]
@@ -283,9 +276,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10, help="GRU epochs (early stopping).")
     ap.add_argument("--mixes", nargs="+", default=["one-seed", "single", "pooled"])
     ap.add_argument("--gammas", type=float, nargs="+",
-                    default=[0.05, 0.1],
+                    default=[0.02, 0.05, 0.1],
                     help="other constant ACI steps the online intervals are also scored at, "
-                         "beside the policy layer's own setting and the decaying step.")
+                         "beside the policy layer's own (decaying) one.")
     ap.add_argument("--record-model", help="Only score this saved model directory on new "
                     "runs and record its coverage in its model.json (no benchmark).")
     ap.add_argument("--record-seed", type=int, default=7)

@@ -237,8 +237,8 @@ class AdaptiveConformal:
     decays per horizon (:meth:`step`), as in online conformal prediction with decaying step
     sizes (Angelopoulos et al. 2024): ``gamma_start`` on a run's first update, falling
     exponentially (scale ``decay`` updates) to ``gamma``, which moves a badly calibrated
-    interval within the first hundred or so steps (and moves the policy's planning speed with
-    it; the results notes weigh the two). An issued interval whose target is ``keep`` steps
+    interval within the first hundred or so steps (the policy layer serves intervals that way:
+    :data:`bubblecast.policy.speeds.SERVED_ACI`). An issued interval whose target is ``keep`` steps
     past the newest origin without being observed is dropped.
 
     Use: :meth:`adjust` the ``(H, P, 3)`` forecast made at origin ``t`` (step index) for

@@ -18,7 +18,8 @@ linearly between them and held flat outside (:func:`interpolate_horizons`). At i
 horizons the p10-p90 interval is recalibrated online by adaptive conformal inference
 (:attr:`ModelSpeeds.aci`, :class:`bubblecast.forecast.conformal.AdaptiveConformal`): each
 observed step scores the intervals issued for it and widens or narrows the next ones so that
-their coverage tracks 80% on the run at hand (``aci = None`` turns it off). The last answer is
+their coverage tracks 80% on the run at hand (``aci = None`` turns it off), with the step
+:data:`SERVED_ACI`. The last answer is
 kept (:attr:`ModelSpeeds.asked`, :attr:`ModelSpeeds.last`) for callers that report it.
 """
 
@@ -34,6 +35,14 @@ from bubblecast.errors import BubblecastError
 
 if TYPE_CHECKING:  # annotations only: importing bubblecast.dataset loads pandas
     from bubblecast.dataset.window import Window
+
+
+#: The adaptive conformal step the policy layer serves intervals with (the keywords of
+#: :class:`~bubblecast.forecast.conformal.AdaptiveConformal`): 0.3 on a horizon's first update,
+#: decaying exponentially (scale 60 updates) to 0.02, so that a run's intervals reach their
+#: coverage within its first hundred or so steps and then move slowly. The calibration and
+#: decision benchmarks that chose it are on the results page.
+SERVED_ACI: dict[str, float] = {"gamma": 0.02, "gamma_start": 0.3, "decay": 60.0}
 
 
 class ForecastUnavailable(Exception):
@@ -104,7 +113,7 @@ class ModelSpeeds:
         self.last: np.ndarray | None = None
         from bubblecast.forecast.conformal import AdaptiveConformal
 
-        self.aci: AdaptiveConformal | None = AdaptiveConformal()
+        self.aci: AdaptiveConformal | None = AdaptiveConformal(**SERVED_ACI)
         self.offset = 0  # absolute step index of history row 0 (a live history drops rows)
 
     @property

@@ -243,3 +243,29 @@ def test_model_speeds_recalibrate_online_with_aci():
     assert fc.aci is not None
     assert abs(fc.aci.coverage_by_horizon()[1] - 0.8) < 0.03  # burn-in included
     assert fc.aci.log_scale[1] > 0.5  # it widened the intervals
+
+
+def test_model_speeds_serve_intervals_calibrated_within_a_short_run():
+    # The served step (SERVED_ACI, decaying) brings intervals three times too narrow to 80%
+    # over a 300-step run; the constant step 0.02 served before it did not.
+    from types import SimpleNamespace
+
+    from bubblecast.policy.forecasting import TrendForecaster
+    from bubblecast.policy.speeds import SERVED_ACI, ModelSpeeds
+
+    rng = np.random.default_rng(4)
+    T, P = 300, 4
+    speed = np.exp(rng.normal(0, 0.03, size=(T, P)))
+    table = np.ones((T, 1, P, 3))
+    table[..., 0], table[..., 2] = np.exp(-0.01), np.exp(0.01)
+    covered = {}
+    for name, aci in (("served", SERVED_ACI), ("constant", {"gamma": 0.02})):
+        fc = ModelSpeeds(table=table, table_horizons=[1], fallback=TrendForecaster())
+        fc.aci = AdaptiveConformal(**aci)
+        for t in range(T - 1):
+            fc.forecast(SimpleNamespace(t=t, history=speed[: t + 1]), np.array([1]))
+        covered[name] = fc.aci.coverage_by_horizon()[1]
+    assert ModelSpeeds(table=table, table_horizons=[1],
+                       fallback=TrendForecaster()).aci.gamma_start == SERVED_ACI["gamma_start"]
+    assert abs(covered["served"] - 0.8) < 0.05  # 299 x 4 indicators and the burn-in
+    assert covered["constant"] < 0.7
