@@ -144,6 +144,33 @@ def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str
     assert got[got["metric"] == "temperature_slowdown_c"]["value"].tolist() == [85.0, 85.0]
 
 
+def test_the_learned_lead_waits_for_the_history_its_features_need(
+        trained: dict[str, Any]) -> None:
+    """Below the model's ``min_window`` steps the learned lead does not ask the model (its
+    features cannot be built yet): the decision is the policy's own, not a failed one."""
+    from bubblecast.runtime.control.control_config import ControllerConfig
+    from bubblecast.runtime.control.decide import Decider
+    from bubblecast.runtime.control.observe import pack
+    from bubblecast.runtime.plan import check_plan
+
+    every, layers = 10, 8
+    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
+                              timeout_s=30.0)
+    plan = check_plan("1f1b", 2, 4, layers)
+    decider = Decider(config, plan, np.full(layers, 1e3))
+    model = decider.forecaster.inner.model  # type: ignore[union-attr]
+    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
+    blocks = model.min_window // every - 1
+    assert blocks >= 2
+    for b in range(blocks + 2):
+        steps = list(range(b * every, (b + 1) * every))
+        rows = np.stack([pack([1.0] * every, every, samples, layers, np.full(every, t), 85.0)
+                         for t in (70.0, 75.0)])  # both ranks below their slowdown
+        decider.observe(rows, [(s, plan.partition, 4) for s in steps])
+        _, record = decider.decide(plan, steps[-1], None)
+        assert "failed" not in record["reason"], (steps[-1], record["reason"])
+
+
 def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, Any]) -> None:
     """A forecast rise on a rank still below its slowdown temperature is announced (the guard
     cannot score a change not yet seen); at the slowdown temperature it is not."""

@@ -276,7 +276,9 @@ class Decider:
             below = np.isfinite(now) & np.isfinite(self._slowdown) & \
                 (now < self._slowdown - 0.5)
         q, hz = None, None
-        if below.any():  # a throttle not yet begun can be announced: ask the model
+        if below.any() and inner.window.steps >= inner.min_window:
+            # a throttle not yet begun can be announced once the model's features can be
+            # built (its min_window steps, as ModelSpeeds requires): ask the model
             hz = sorted(int(h) for h in inner.model.horizons)
             q = inner.model.predict_window(inner.window, hz)  # (P, H, 3) delay quantiles
         announced = lead.update(int(self.history.steps[-1]), recent, below, q, hz)
