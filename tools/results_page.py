@@ -997,7 +997,8 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("live_balance.json", "Per-step work planning live, one replica 1.5x slower (2 replicas "
         "x 2 CPU stages, 4 micro-batches each)", live_slow)
     add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
-        f"covariates, held-out fault ({d['inject']}; 2 CPU stages)", learned)
+        f"covariates, held-out fault ({d['inject']}; 2 CPU stages; the latest launch, the "
+        "results notes list every launch)", learned)
     add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
