@@ -26,7 +26,8 @@ kept (:attr:`ModelSpeeds.asked`, :attr:`ModelSpeeds.last`) for callers that repo
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # annotations only: importing bubblecast.dataset loads pandas
 #: decaying exponentially (scale 60 updates) to 0.02, so that a run's intervals reach their
 #: coverage within its first hundred or so steps and then move slowly. The calibration and
 #: decision benchmarks that chose it are on the results page.
-SERVED_ACI: dict[str, float] = {"gamma": 0.02, "gamma_start": 0.3, "decay": 60.0}
+SERVED_ACI: Mapping[str, float] = MappingProxyType(
+    {"gamma": 0.02, "gamma_start": 0.3, "decay": 60.0})
 
 
 class ForecastUnavailable(Exception):
