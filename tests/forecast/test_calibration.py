@@ -25,6 +25,8 @@ each with its se, per horizon and scenario.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -226,20 +228,31 @@ def test_aci_scores_horizons_longer_than_its_memory():
     assert aci.log_scale[20] == pytest.approx(20 * 0.1 * (1.0 - 0.2))  # 20 misses
 
 
-def test_model_speeds_recalibrate_online_with_aci():
+def _served_online(speed: np.ndarray, aci: AdaptiveConformal | None = None,
+                   horizons: tuple[int, ...] = (1,)) -> Any:
+    """A ``ModelSpeeds`` over a table whose p10-p90 is three times too narrow for ``speed``
+    (log-sd 0.03), asked at every origin of the run (with ``aci`` in place of the served one
+    when given)."""
     from types import SimpleNamespace
 
     from bubblecast.policy.forecasting import TrendForecaster
     from bubblecast.policy.speeds import ModelSpeeds
 
-    rng = np.random.default_rng(3)
-    T, P = 3000, 2
-    speed = np.exp(rng.normal(0, 0.03, size=(T, P)))
+    T, P = speed.shape
     table = np.ones((T, 1, P, 3))
-    table[..., 0], table[..., 2] = np.exp(-0.01), np.exp(0.01)  # p10-p90 three times too narrow
+    table[..., 0], table[..., 2] = np.exp(-0.01), np.exp(0.01)
     fc = ModelSpeeds(table=table, table_horizons=[1], fallback=TrendForecaster())
+    if aci is not None:
+        fc.aci = aci
     for t in range(T - 1):
-        fc.forecast(SimpleNamespace(t=t, history=speed[: t + 1]), np.array([1, 4]))
+        fc.forecast(SimpleNamespace(t=t, history=speed[: t + 1]), np.array(horizons))
+    return fc
+
+
+def test_model_speeds_recalibrate_online_with_aci():
+    rng = np.random.default_rng(3)
+    speed = np.exp(rng.normal(0, 0.03, size=(3000, 2)))
+    fc = _served_online(speed, horizons=(1, 4))
     assert fc.aci is not None
     assert abs(fc.aci.coverage_by_horizon()[1] - 0.8) < 0.03  # burn-in included
     assert fc.aci.log_scale[1] > 0.5  # it widened the intervals
@@ -248,24 +261,12 @@ def test_model_speeds_recalibrate_online_with_aci():
 def test_model_speeds_serve_intervals_calibrated_within_a_short_run():
     # The served step (SERVED_ACI, decaying) brings intervals three times too narrow to 80%
     # over a 300-step run; the constant step 0.02 served before it did not.
-    from types import SimpleNamespace
-
-    from bubblecast.policy.forecasting import TrendForecaster
-    from bubblecast.policy.speeds import SERVED_ACI, ModelSpeeds
+    from bubblecast.policy.speeds import SERVED_ACI
 
     rng = np.random.default_rng(4)
-    T, P = 300, 4
-    speed = np.exp(rng.normal(0, 0.03, size=(T, P)))
-    table = np.ones((T, 1, P, 3))
-    table[..., 0], table[..., 2] = np.exp(-0.01), np.exp(0.01)
-    covered = {}
-    for name, aci in (("served", SERVED_ACI), ("constant", {"gamma": 0.02})):
-        fc = ModelSpeeds(table=table, table_horizons=[1], fallback=TrendForecaster())
-        fc.aci = AdaptiveConformal(**aci)
-        for t in range(T - 1):
-            fc.forecast(SimpleNamespace(t=t, history=speed[: t + 1]), np.array([1]))
-        covered[name] = fc.aci.coverage_by_horizon()[1]
-    assert ModelSpeeds(table=table, table_horizons=[1],
-                       fallback=TrendForecaster()).aci.gamma_start == SERVED_ACI["gamma_start"]
-    assert abs(covered["served"] - 0.8) < 0.05  # 299 x 4 indicators and the burn-in
-    assert covered["constant"] < 0.7
+    speed = np.exp(rng.normal(0, 0.03, size=(300, 4)))
+    served = _served_online(speed)
+    constant = _served_online(speed, AdaptiveConformal(gamma=0.02))
+    assert served.aci.gamma_start == SERVED_ACI["gamma_start"]
+    assert abs(served.aci.coverage_by_horizon()[1] - 0.8) < 0.05  # 299 x 4 and the burn-in
+    assert constant.aci.coverage_by_horizon()[1] < 0.7

@@ -116,26 +116,48 @@ def test_a_model_reading_an_ungathered_metric_is_refused_at_load() -> None:
         CovariateModel(fake)
 
 
-def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str, Any]) -> None:
-    from bubblecast.runtime.control.control_config import ControllerConfig
-    from bubblecast.runtime.control.decide import Decider
-    from bubblecast.runtime.control.observe import pack
-    from bubblecast.runtime.plan import check_plan
+EVERY, LAYERS = 10, 8
 
-    every, layers = 10, 8
-    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
-                              timeout_s=30.0)
-    plan = check_plan("1f1b", 2, 4, layers)
-    decider = Decider(config, plan, np.full(layers, 1e3))
-    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
+
+class _LiveLoop:
+    """The live controller's decider on a saved model, over a 2-stage 1F1B plan of
+    :data:`LAYERS` equal layers, fed blocks of :data:`EVERY` steps whose ranks report the given
+    temperatures (slowdown temperature 85 C)."""
+
+    def __init__(self, model_dir: str) -> None:
+        from bubblecast.runtime.control.control_config import ControllerConfig
+        from bubblecast.runtime.control.decide import Decider
+        from bubblecast.runtime.plan import check_plan
+
+        config = ControllerConfig(policy="predictive", every=EVERY, model=model_dir,
+                                  timeout_s=30.0)
+        self.plan = check_plan("1f1b", 2, 4, LAYERS)
+        self.decider = Decider(config, self.plan, np.full(LAYERS, 1e3))
+        self.model = self.decider.forecaster.inner.model  # type: ignore[union-attr]
+        self.samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(LAYERS)]
+
+    def feed(self, block: int, temps: list[np.ndarray]) -> int:
+        """Observe block ``block`` (``temps[r]``: rank ``r``'s temperature per step); its last
+        step."""
+        from bubblecast.runtime.control.observe import pack
+
+        steps = list(range(block * EVERY, (block + 1) * EVERY))
+        rows = np.stack([pack([1.0] * EVERY, EVERY, self.samples, LAYERS, t, 85.0)
+                         for t in temps])
+        self.decider.observe(rows, [(s, self.plan.partition, 4) for s in steps])
+        return steps[-1]
+
+    def decide(self, step: int) -> dict[str, Any]:
+        return self.decider.decide(self.plan, step, None)[1]
+
+
+def test_the_decider_feeds_the_model_its_gathered_temperatures(trained: dict[str, Any]) -> None:
+    live = _LiveLoop(trained["model"])
     temps = _temps(trained["metrics"], str(trained["features"]["run_id"].iloc[0]), 119)
     for b in range(12):
-        steps = list(range(b * every, (b + 1) * every))
-        rows = np.stack([pack([1.0] * every, every, samples, layers, temps[steps, r], 85.0)
-                         for r in range(2)])
-        decider.observe(rows, [(s, plan.partition, 4) for s in steps])
-    _, record = decider.decide(plan, 119, None)
-    model = decider.forecaster.inner.model  # type: ignore[union-attr]
+        live.feed(b, [temps[b * EVERY:(b + 1) * EVERY, r] for r in range(2)])
+    record = live.decide(119)
+    model = live.model
     assert isinstance(model, CovariateModel) and "speed_plan" in record, record["reason"]
     got = model.device.frame()
     t = got[got["metric"] == "temperature_c"].pivot(index="step", columns="rank",
@@ -148,61 +170,31 @@ def test_the_learned_lead_waits_for_the_history_its_features_need(
         trained: dict[str, Any]) -> None:
     """Below the model's ``min_window`` steps the learned lead does not ask the model (its
     features cannot be built yet): the decision is the policy's own, not a failed one."""
-    from bubblecast.runtime.control.control_config import ControllerConfig
-    from bubblecast.runtime.control.decide import Decider
-    from bubblecast.runtime.control.observe import pack
-    from bubblecast.runtime.plan import check_plan
-
-    every, layers = 10, 8
-    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
-                              timeout_s=30.0)
-    plan = check_plan("1f1b", 2, 4, layers)
-    decider = Decider(config, plan, np.full(layers, 1e3))
-    model = decider.forecaster.inner.model  # type: ignore[union-attr]
-    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
-    blocks = model.min_window // every - 1
+    live = _LiveLoop(trained["model"])
+    blocks = live.model.min_window // EVERY - 1
     assert blocks >= 2
     for b in range(blocks + 2):
-        steps = list(range(b * every, (b + 1) * every))
-        rows = np.stack([pack([1.0] * every, every, samples, layers, np.full(every, t), 85.0)
-                         for t in (70.0, 75.0)])  # both ranks below their slowdown
-        decider.observe(rows, [(s, plan.partition, 4) for s in steps])
-        _, record = decider.decide(plan, steps[-1], None)
-        assert "failed" not in record["reason"], (steps[-1], record["reason"])
+        last = live.feed(b, [np.full(EVERY, 70.0), np.full(EVERY, 75.0)])  # both below 85
+        record = live.decide(last)
+        assert "failed" not in record["reason"], (last, record["reason"])
 
 
 def test_the_learned_lead_holds_until_the_device_throttles(trained: dict[str, Any]) -> None:
     """A forecast rise on a rank still below its slowdown temperature is announced (the guard
     cannot score a change not yet seen); at the slowdown temperature it is not."""
-    from bubblecast.runtime.control.control_config import ControllerConfig
-    from bubblecast.runtime.control.decide import Decider
-    from bubblecast.runtime.control.observe import pack
-    from bubblecast.runtime.plan import check_plan
-
-    every, layers = 10, 8
-    config = ControllerConfig(policy="predictive", every=every, model=trained["model"],
-                              timeout_s=30.0)
-    plan = check_plan("1f1b", 2, 4, layers)
-    samples = [{"layer": i, "forward_s": 0.1, "total_s": 0.3} for i in range(layers)]
 
     def decided(last_temp: float) -> dict[str, Any]:
-        decider = Decider(config, plan, np.full(layers, 1e3))
-        model = decider.forecaster.inner.model  # type: ignore[union-attr]
+        live = _LiveLoop(trained["model"])
 
         def rising(window: Window, hz: list[int]) -> np.ndarray:
             q = np.ones((2, len(hz), 3))
             q[1, -1] = 1.3  # rank 1 forecast to slow down 30% at the farthest horizon
             return q
 
-        model.predict_window = rising
+        live.model.predict_window = rising
         for b in range(10):
-            steps = list(range(b * every, (b + 1) * every))
-            t1 = np.full(every, 75.0 if b < 9 else last_temp)
-            t0 = np.full(every, 70.0)
-            rows = np.stack([pack([1.0] * every, every, samples, layers, t0, 85.0),
-                             pack([1.0] * every, every, samples, layers, t1, 85.0)])
-            decider.observe(rows, [(s, plan.partition, 4) for s in steps])
-        return decider.decide(plan, 99, None)[1]
+            live.feed(b, [np.full(EVERY, 70.0), np.full(EVERY, 75.0 if b < 9 else last_temp)])
+        return live.decide(99)
 
     hot = decided(80.0)
     assert hot["learned_lead"] == {"1": pytest.approx(1.3)}
