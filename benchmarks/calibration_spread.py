@@ -284,6 +284,8 @@ def main() -> None:
     ap.add_argument("--record-seed", type=int, default=7)
     ap.add_argument("--record-runs", type=int, default=8)
     args = ap.parse_args()
+    if not all(g > 0 for g in args.gammas):
+        ap.error(f"--gammas: every ACI step must be > 0, got {args.gammas}")
     if args.record_model:
         record_model(args.record_model, args.record_seed, args.record_runs, args.steps)
         return
