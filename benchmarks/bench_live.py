@@ -146,6 +146,7 @@ def worker(job_dir: Path) -> None:
             t0 = time.perf_counter()
             if step in scripts[name]:
                 trainers[name].apply(Repartition(tuple(scripts[name][step])))
+            controllers[name].before_step()  # the decision runs while this step trains
             trainers[name].train_step()
             controllers[name].after_step()
             dist.barrier(group=sync)

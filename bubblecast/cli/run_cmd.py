@@ -71,7 +71,8 @@ def run(
         "(/v1/recommend) instead; fail-open: no answer in time keeps the current plan."),
     every: int = typer.Option(10, "--every", help="Steps between decisions."),
     forecast_timeout: float = typer.Option(
-        0.5, "--forecast-timeout", help="Seconds a forecast or service call may take."),
+        0.5, "--forecast-timeout",
+        help="Seconds a decision (its forecast or service call included) may take."),
     actions_file: Path | None = typer.Option(
         None, "--actions", help="Actions JSON to write (default: OUT's stem + .actions.json)."),
     arch: str = typer.Option("mlp", "--arch",

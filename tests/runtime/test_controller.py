@@ -19,7 +19,8 @@ import pytest
 from bubblecast.cli import main
 from bubblecast.errors import BubblecastError
 from bubblecast.runtime.control.control_config import ControllerConfig
-from bubblecast.runtime.control.forecasters import DeadlineRunner, ForecastUnavailable
+from bubblecast.runtime.control.decision_thread import DecisionThread, Ticket
+from bubblecast.runtime.control.forecasters import ForecastUnavailable
 from bubblecast.runtime.control.observe import History, held_cost, pack, unpack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,32 +113,41 @@ def test_decider_feeds_a_served_model_and_records_its_decision_as_is() -> None:
     assert record["speed_plan"][1] > record["speed_plan"][0]
 
 
-def test_deadline_runner_gives_up_and_refuses_while_busy() -> None:
-    # No race with the clock: a call expected back in time gets a generous 30 s (it returns at
-    # once; only a 30 s stall of the machine fails it), and the call expected to time out
-    # blocks on an event until the test releases it, so it cannot finish early.
-    patient = DeadlineRunner(30.0)
-    assert patient(lambda x: x + 1, 1) == 2
+def test_decision_thread_runs_jobs_in_order_gives_up_and_refuses_while_busy() -> None:
+    # No race with the clock: a job expected back in time gets a generous 30 s, and the job
+    # expected to time out blocks on an event until the test releases it.
+    patient = DecisionThread(30.0)
+    ticket = patient.submit(lambda t, x: (threading.current_thread().name, x + 1), 1)
+    assert patient.result(ticket) == ("bubblecast-decide", 2)  # not the caller's thread
     with pytest.raises(ValueError, match="boom"):
-        patient(lambda: (_ for _ in ()).throw(ValueError("boom")))
-    release = threading.Event()
-    runner = DeadlineRunner(0.05)
+        patient.result(patient.submit(lambda t: (_ for _ in ()).throw(ValueError("boom"))))
+    started, release = threading.Event(), threading.Event()
+    ran: list[tuple[int, bool]] = []  # (job, abandoned when it ran)
+
+    def job(t: Ticket, i: int, hang: bool) -> int:
+        if hang:
+            started.set()
+            release.wait()
+        ran.append((i, t.abandoned))
+        return i
+
+    short = DecisionThread(0.05)
     try:
+        hung = short.submit(job, 0, True)  # submit returns while the job hangs
+        queued = short.submit(job, 1, False)
+        assert started.wait(30.0)
         with pytest.raises(ForecastUnavailable, match="timed out after 0.05 s"):
-            runner(release.wait)
-        with pytest.raises(ForecastUnavailable, match="still running"):
-            runner(lambda: 1)
+            short.result(hung)
+        with pytest.raises(ForecastUnavailable, match="abandoned after 0.05 s, is still running"):
+            short.result(queued)  # refused at once: the hung job still holds the thread
     finally:
         release.set()
-    # once the abandoned call has finished, the runner takes calls again
-    runner.timeout_s = 30.0
-    deadline = time.monotonic() + 30.0
-    while True:
-        try:
-            assert runner(lambda: 1) == 1
-            break
-        except ForecastUnavailable as exc:  # the released thread has not exited yet
-            assert "still running" in str(exc) and time.monotonic() < deadline
+    assert queued.done.wait(30.0)
+    short.timeout_s = 30.0
+    assert short.result(short.submit(job, 2, False)) == 2
+    # every job ran, in order; the ones given up on knew it (the controller keeps their
+    # observations and skips their decisions)
+    assert ran == [(0, True), (1, True), (2, False)]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

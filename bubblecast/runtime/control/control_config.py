@@ -22,9 +22,10 @@ class ControllerConfig:
     ``every``: steps between decisions; ``model``: a model directory or ``models:/`` URI
     served in process; ``service``: URL of a running ``bubblecast serve`` asked instead;
     ``forecaster``: a ``module:factory`` import path (custom forecasters, tests); none of
-    them: the built-in trend forecaster. ``timeout_s``: deadline of a forecast or service
-    call. ``history``: steps kept on rank 0. ``layer_costs``: ``measured`` (median of each
-    layer's first ``cost_samples`` forward samples) or ``uniform``. ``policy_params``: keyword
+    them: the built-in trend forecaster. ``timeout_s``: deadline of a decision (its forecast
+    or service call included), counted from when it starts. ``history``: steps kept on rank
+    0. ``layer_costs``: ``measured`` (median of each layer's first ``cost_samples`` forward
+    samples) or ``uniform``. ``policy_params``: keyword
     arguments of the policy (the predictive one starts from the live hysteresis defaults of
     :mod:`.observe`). ``smooth``: steps of the causal running median the policies'
     speed history goes through (1: raw steps). ``bandwidth_Bps``, ``pause_s``,

@@ -1,12 +1,13 @@
 """A controlled run's worker: ``torchrun ... -m bubblecast.runtime.control.control_worker JOB_DIR``.
 
 :mod:`bubblecast.runtime.train_worker` (scripted actions, telemetry merged into ``out`` by rank 0,
-``summary.json``, ``error-rank{r}.txt`` on failure) with a :class:`Controller` after every
-step, as its step hook. ``job.json`` carries ``control`` (a :class:`ControllerConfig`),
-optionally ``ab_block`` (control on for blocks of that many steps, off for the next: overhead
-measurement in one run) and ``decider`` (the ``module:factory`` import path of the external
-decider ``--service`` is asked through, imported here). Rank 0's summary adds the decisions,
-each step's end time and every rank's control seconds.
+``summary.json``, ``error-rank{r}.txt`` on failure) with a :class:`Controller` around every
+step (its decision runs while the step trains), as its step hook. ``job.json`` carries
+``control`` (a :class:`ControllerConfig`), optionally ``ab_block`` (control on for blocks of
+that many steps, off for the next: overhead measurement in one run) and ``decider`` (the
+``module:factory`` import path of the external decider ``--service`` is asked through,
+imported here). Rank 0's summary adds the decisions, each step's end time and every rank's
+control seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ControlHook:
     def before_step(self, step: int) -> None:
         if self.block:
             self.controller.enabled = (step - self.start) // self.block % 2 == 0
+        self.controller.before_step()  # the decision runs while this step trains
 
     def after_step(self, t0: float) -> None:
         self.controller.after_step()

@@ -4,8 +4,8 @@
 policy's :class:`PolicyState` (robust speeds, measured layer costs, the plan, the migration
 cost) and asks, depending on the configuration:
 
-- the policy itself, with its forecaster: the built-in trend forecaster in process, or a
-  trained model / custom forecaster under a deadline (:class:`DeadlineRunner`);
+- the policy itself, with its forecaster: the built-in trend forecaster, a trained model or a
+  custom forecaster, all in process;
 - or an *external decider* (``bubblecast run --service``: a prediction service), injected by
   import path so that runtime never imports serve (:class:`ExternalDecider`).
 
@@ -17,8 +17,11 @@ off and move timing on, since the guard's record cannot score a change not yet s
 lead's forecast; otherwise the policy decides as with any model.
 
 Either way the answer is the policy's :class:`~bubblecast.policy.decision.Decision`, recorded
-as it is. A forecaster that is slow, down or raises yields a decision to keep the plan saying
-why: training goes on under the current plan.
+as it is. A forecaster that is down or raises yields a decision to keep the plan saying why:
+training goes on under the current plan. The decider itself sets no deadline: the controller
+runs :meth:`Decider.observe` and :meth:`Decider.decide` on its decision thread
+(:mod:`.decision_thread`), which gives up on a slow one, and records that with
+:func:`unavailable`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from bubblecast.runtime.control.control_config import ControllerConfig, make_pol
 from bubblecast.runtime.control.covariate_model import CovariateModel, device_frame
 from bubblecast.runtime.control.forecasters import (
     CachingForecaster,
-    DeadlineRunner,
     ForecastUnavailable,
     ModelSpeeds,
     load_forecaster,
@@ -92,7 +94,6 @@ class Decider:
                                split_backward=plan.info.split_backward)
         self.param_bytes = param_bytes
         self.constants: MigrationConstants = c.constants
-        self.runner = DeadlineRunner(c.timeout_s)
         self.external: ExternalDecider | None = None
         self.forecaster: CachingForecaster | None = None
         self.broken: str | None = None
@@ -170,14 +171,8 @@ class Decider:
                 else action_to_json(action)
             reason = f"{self.config.policy}: {list(current)} -> {target}"
         h = self.history
-        return decision, {"step": step + 2, "decided_after_step": step,
-                          "observed_through": int(h.steps[-1]) if len(h) else None,
-                          "action": action_to_json(decision.action), "reason": reason,
-                          "predicted_step_s": decision.predicted_step_s,
-                          "predicted_step_with_action_s": decision.predicted_step_with_action_s,
-                          "predicted_saving_s": decision.predicted_saving_s,
-                          "predicted_migration_s": decision.migration_s,
-                          "latency_s": latency, **facts}
+        observed = int(h.steps[-1]) if len(h) else None
+        return decision, _record(decision, reason, step, observed, latency, facts)
 
     def measured(self, actions: list[dict[str, Any]]) -> None:
         """Migration constants from the run's own migrations, once it has some."""
@@ -220,7 +215,7 @@ class Decider:
             facts["fixed_s"] = round(float(state.fixed[0]), 6)
         if self.external is not None:
             held = self.history.held(state.costs)
-            return self.runner(self.external.decide, state, self.history.compute, held), facts
+            return self.external.decide(state, self.history.compute, held), facts
         if self.forecaster is None:  # reactive
             return self.policy.decide(state), facts
         inner = self.forecaster.inner
@@ -253,7 +248,7 @@ class Decider:
             if inner.model.missing:  # their covariates were NaN (covariate_model docstring)
                 facts["device_metrics_missing"] = inner.model.missing
         else:
-            decision = self.runner(self.policy.decide, state)
+            decision = self.policy.decide(state)
         if self.forecaster.last is not None:
             from bubblecast.policy.state import mean_planning_speed
 
@@ -283,10 +278,10 @@ class Decider:
             q = inner.model.predict_window(inner.window, hz)  # (P, H, 3) delay quantiles
         announced = lead.update(int(self.history.steps[-1]), recent, below, q, hz)
         if not announced:
-            return self.runner(self.policy.decide, state)
+            return self.policy.decide(state)
         facts["learned_lead"] = {str(r): round(x, 3) for r, x in announced.items()}
-        return self.runner(self._decide_leading, self._lead_state(state, lead.onset),
-                           "learned lead", lead.forecaster(recent))
+        return self._decide_leading(self._lead_state(state, lead.onset), "learned lead",
+                                    lead.forecaster(recent))
 
     def _lead_state(self, state: Any, onset: int | None) -> Any:
         """``state`` with no last move when that move came before the lead's ``onset``: the
@@ -346,3 +341,24 @@ class Decider:
     def close(self) -> None:
         if self.external is not None:
             self.external.close()
+
+
+def unavailable(step: int, observed: int | None, why: str, waited_s: float
+                ) -> tuple[Decision, dict[str, Any]]:
+    """The decision to keep the plan, and its record, when the decision after ``step``
+    (telemetry through ``observed``) did not come (``why``: a time-out, say) after the caller
+    waited ``waited_s``: the record :meth:`Decider.decide` would have written."""
+    decision = Decision.keep(f"{why}; keeping the current plan")
+    return decision, _record(decision, decision.reason, step, observed, waited_s, {})
+
+
+def _record(decision: Decision, reason: str, step: int, observed: int | None, latency: float,
+            facts: dict[str, Any]) -> dict[str, Any]:
+    """A decision's record: the step it applies before (two after ``step``), the action, the
+    reason, the policy's predicted numbers, the latency, and the decision's own facts."""
+    return {"step": step + 2, "decided_after_step": step, "observed_through": observed,
+            "action": action_to_json(decision.action), "reason": reason,
+            "predicted_step_s": decision.predicted_step_s,
+            "predicted_step_with_action_s": decision.predicted_step_with_action_s,
+            "predicted_saving_s": decision.predicted_saving_s,
+            "predicted_migration_s": decision.migration_s, "latency_s": latency, **facts}

@@ -5,27 +5,24 @@
   through the one model-to-speed adapter :class:`bubblecast.policy.speeds.ModelSpeeds`; a
   model with device-metric covariates as a :class:`.covariate_model.CovariateModel`), a
   ``module:factory`` import path, or the policy module's built-in trend forecaster.
-- :class:`DeadlineRunner`: runs a decision in a daemon thread and gives up after a deadline,
-  so a slow forecaster never holds the training loop longer than that.
 - :func:`import_object`: dependency injection by import path (forecasters, external deciders).
 
 A failure raises :class:`ForecastUnavailable` (or anything else); the decider turns it into a
-decision to keep the current plan whose reason says what happened. The model loaders are
-imported lazily.
+decision to keep the current plan whose reason says what happened (a slow one is given up on
+by the controller's decision thread, :mod:`.decision_thread`). The model loaders are imported
+lazily.
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.speeds import CachingForecaster, ForecastUnavailable, ModelSpeeds
 
-__all__ = ["CachingForecaster", "DeadlineRunner", "ForecastUnavailable", "ModelSpeeds",
-           "check_model_source", "import_object", "load_forecaster"]
+__all__ = ["CachingForecaster", "ForecastUnavailable", "ModelSpeeds", "check_model_source",
+           "import_object", "load_forecaster"]
 
 
 def import_object(path: str, what: str = "forecaster") -> Any:
@@ -63,42 +60,3 @@ def check_model_source(model: str) -> str:
     """Load ``model`` once (in the CLI, before any process starts); its description."""
     _, text = load_forecaster(model=model)
     return text
-
-
-class DeadlineRunner:
-    """``runner(fn, *args)``: ``fn(*args)`` in a daemon thread, waited for ``timeout_s``.
-
-    On time-out the call is abandoned (it finishes in the background, its result dropped) and
-    :class:`ForecastUnavailable` is raised; while it still runs, later calls are refused the
-    same way, so at most one abandoned call exists.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        if not timeout_s > 0:
-            raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got {timeout_s}")
-        self.timeout_s = float(timeout_s)
-        self._abandoned: threading.Thread | None = None
-
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._abandoned is not None:
-            if self._abandoned.is_alive():
-                raise ForecastUnavailable("the previous forecast, abandoned after "
-                                          f"{self.timeout_s:g} s, is still running")
-            self._abandoned = None
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                box["error"] = exc
-
-        thread = threading.Thread(target=target, name="bubblecast-decide", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        if thread.is_alive():
-            self._abandoned = thread
-            raise ForecastUnavailable(f"forecaster timed out after {self.timeout_s:g} s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]

@@ -1,19 +1,27 @@
 """The closed loop: observe -> decide -> broadcast -> apply, one phase per step boundary.
 
-Every ``every`` steps (the same steps on every rank) :meth:`Controller.after_step` runs one
-round, spread over three steps so that no rank ever waits for a collective to cross the wire:
+Every ``every`` steps (the same steps on every rank) one round runs, spread over three steps so
+that no rank ever waits for a collective to cross the wire, and rank 0's decision runs while a
+step trains:
 
-1. **observe** (at the boundary): each rank's compute seconds per step since the last
-   boundary and any new per-layer cost samples leave in one asynchronous ``all_gather`` of a
-   small tensor (:mod:`.observe`) on a gloo group of the controller's own;
-2. **decide** (one step later): rank 0 adds them to its history and asks the policy
-   (:class:`.decide.Decider`), which answers with a recorded ``Decision``;
-3. **broadcast** (same step): the action leaves rank 0 as a small tensor, asynchronously
+1. **observe** (:meth:`Controller.after_step` at the boundary): each rank's compute seconds
+   per step since the last boundary and any new per-layer cost samples leave in one
+   asynchronous ``all_gather`` of a small tensor (:mod:`.observe`) on a gloo group of the
+   controller's own;
+2. **decide** (:meth:`Controller.before_step` of the next step): rank 0 hands the gathered
+   rows to its decision thread (:mod:`.decision_thread`), which adds them to the history and
+   asks the policy (:class:`.decide.Decider`) while the step trains;
+3. **broadcast** (that step's :meth:`~Controller.after_step`): rank 0 collects the recorded
+   ``Decision`` (waiting only for what is not done, at most until the deadline; none in time:
+   keep the plan, saying why) and the action leaves it as a small tensor, asynchronously
    (actions other than repartitions through ``broadcast_action``);
 4. **apply** (one more step later): every rank applies it with ``Trainer.apply``.
 
-Observations through step ``s`` thus act from step ``s + 3``. Rank 0 records every decision;
-each rank counts the seconds it spends in control. Imported inside workers only (torch).
+Observations through step ``s`` thus act from step ``s + 3``. A caller that does not call
+:meth:`~Controller.before_step` gets the same timing with the decision taken inside
+:meth:`~Controller.after_step` (on the training thread's time). Rank 0 records every
+decision; each rank counts the seconds its training thread spends in control. Imported inside
+workers only (torch).
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import torch.distributed as dist
 from bubblecast.policy.actions import Action, Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.runtime.control.control_config import ControllerConfig
-from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending
+from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending, unavailable
+from bubblecast.runtime.control.decision_thread import DecisionThread, Ticket
+from bubblecast.runtime.control.forecasters import ForecastUnavailable
 from bubblecast.runtime.control.observe import StepProbe, pack
 from bubblecast.runtime.sampler import SLOWDOWN_METRIC
 from bubblecast.runtime.trainer import Trainer, broadcast_action
@@ -48,6 +58,16 @@ class _Gathering:
 
 
 @dataclass
+class _Deciding:
+    """A decision on rank 0's decision thread (``ticket`` None on the other ranks): the step
+    it follows and the last step it observed."""
+
+    ticket: Ticket | None
+    step: int
+    observed: int | None
+
+
+@dataclass
 class _Sending:
     """A decision in flight: the broadcast's handle and box, rank 0's action and record."""
 
@@ -60,8 +80,9 @@ class _Sending:
 class Controller:
     """Closed-loop control of one :class:`Trainer` (construct on every rank; collective).
 
-    Call :meth:`after_step` after every ``train_step`` on every rank. ``enabled = False``
-    (set identically on every rank) skips the boundaries, for overhead measurements.
+    Call :meth:`before_step` before and :meth:`after_step` after every ``train_step`` on every
+    rank (``before_step`` is optional: see the module docstring). ``enabled = False`` (set
+    identically on every rank) skips the boundaries, for overhead measurements.
     ``decider`` builds the external decider ``config.service`` asks (dependency injection).
     """
 
@@ -81,7 +102,9 @@ class Controller:
         self._cost_seen = 0
         self._last_move: int | None = None
         self._gathering: _Gathering | None = None
+        self._deciding: _Deciding | None = None
         self._sending: _Sending | None = None
+        self._measured: list[dict[str, Any]] | None = None  # new migrations to learn from
         group = trainer.group
         ranks = None if group is None else dist.get_process_group_ranks(group)
         self._src = 0 if ranks is None else ranks[0]
@@ -89,6 +112,7 @@ class Controller:
         self.param_bytes = self._gather_param_bytes()
         self.decider = Decider(config, trainer.plan, self.param_bytes, decider) \
             if self.rank == 0 else None
+        self.thread = DecisionThread(config.timeout_s) if self.rank == 0 else None
 
     @property
     def note(self) -> str | None:
@@ -96,6 +120,19 @@ class Controller:
         return None if self.decider is None else self.decider.note
 
     # -- the loop ---------------------------------------------------------------------------
+    def before_step(self) -> None:
+        """Call before every step on every rank: start the decision on the telemetry gathered
+        at the last boundary, so that it runs while this step trains (no collective)."""
+        self._start(self.trainer.step)
+
+    def _start(self, step: int) -> None:
+        """Start the decision pending, if any, as the decision after ``step``."""
+        if self._gathering is not None:
+            gathering, self._gathering = self._gathering, None
+            t0 = time.perf_counter()
+            self._deciding = self.submit(gathering, step)
+            self._spend("gather_s", t0)
+
     def after_step(self) -> dict[str, Any] | None:
         """Call after every step on every rank (collective). Returns the record of an action
         applied at this boundary (``Trainer.apply``), or None."""
@@ -109,10 +146,11 @@ class Controller:
             action = self.receive(sending)
             self._spend("broadcast_s", t0)
             applied = self.apply(action, sending.record)
-        if self._gathering is not None:  # observed one step ago: decide and broadcast
-            gathering, self._gathering = self._gathering, None
+        self._start(t.step - 1)  # none pending if the caller called before_step
+        if self._deciding is not None:  # started before this step: collect and broadcast
+            deciding, self._deciding = self._deciding, None
             t0 = time.perf_counter()
-            decision, record = self.decide(gathering)
+            decision, record = self.collect(deciding)
             self._sending = self.broadcast(decision, record)
             self._spend("decide_s", t0)
         if t.step % self.config.every == 0:  # a boundary: observe
@@ -138,14 +176,48 @@ class Controller:
         self.boundaries += 1
         return _Gathering(work, out, list(self._pending))
 
-    def decide(self, gathering: _Gathering) -> tuple[Decision | None, dict[str, Any] | None]:
-        """Rank 0: the policy's decision and its record (None on the other ranks)."""
+    def submit(self, gathering: _Gathering, step: int) -> _Deciding:
+        """Wait for the gathered rows; rank 0 queues observe-then-decide on its decision
+        thread, as the decision after ``step`` (collected after it), under the plan in
+        force."""
         gathering.work.wait()
-        if self.decider is None:
-            return None, None
         t = self.trainer
-        self.decider.observe(torch.stack(gathering.out).numpy(), gathering.pending)
-        return self.decider.decide(t.plan, t.step - 1, self._last_move)
+        observed = gathering.pending[-1][0] if gathering.pending else None
+        if self.decider is None:
+            return _Deciding(None, step, observed)
+        rows = torch.stack(gathering.out).numpy()
+        measured, self._measured = self._measured, None
+        assert self.thread is not None
+        ticket = self.thread.submit(self._decide, rows, gathering.pending, t.plan, step,
+                                    self._last_move, measured)
+        return _Deciding(ticket, step, observed)
+
+    def _decide(self, ticket: Ticket, rows: np.ndarray, pending: Pending, plan: Any, step: int,
+                last_move: int | None, measured: list[dict[str, Any]] | None
+                ) -> tuple[Decision, dict[str, Any]] | None:
+        """On the decision thread: learn from new migrations, add the rows to the history
+        and, unless the caller already gave up on this decision, decide."""
+        assert self.decider is not None
+        if measured:
+            self.decider.measured(measured)
+        self.decider.observe(rows, pending)
+        if ticket.abandoned:
+            return None
+        return self.decider.decide(plan, step, last_move)
+
+    def collect(self, deciding: _Deciding) -> tuple[Decision | None, dict[str, Any] | None]:
+        """Rank 0: the decision and its record, or a decision to keep the plan saying why it
+        did not come in time (None on the other ranks)."""
+        if deciding.ticket is None or self.thread is None:
+            return None, None
+        t0 = time.perf_counter()
+        try:
+            return self.thread.result(deciding.ticket)
+        except Exception as exc:  # noqa: BLE001 - never stop training over a decision
+            why = str(exc) if isinstance(exc, ForecastUnavailable) else \
+                f"decision failed ({type(exc).__name__}: {exc})"
+            return unavailable(deciding.step, deciding.observed, why,
+                               time.perf_counter() - t0)
 
     def broadcast(self, decision: Decision | None, record: dict[str, Any] | None) -> _Sending:
         """Start sending rank 0's action: ``[code, n, partition...]`` (code 0 none, 1
@@ -184,7 +256,7 @@ class Controller:
                                            "to", "error")}
             self.decisions.append(record)
             if result is not None and result["ok"] and result["bytes"] and self.decider:
-                self.decider.measured(t.actions)
+                self._measured = list(t.actions)  # the decision thread learns from them
         return result
 
     def finish(self) -> None:
@@ -203,6 +275,13 @@ class Controller:
                 sending.record["applied"] = {"ok": False, "error": "the run ended first"} \
                     if code else None
                 self.decisions.append(sending.record)
+        deciding, self._deciding = self._deciding, None
+        if deciding is not None:  # started, never broadcast: nobody applies it
+            decision, record = self.collect(deciding)
+            if record is not None:
+                record["applied"] = {"ok": False, "error": "the run ended first"} \
+                    if decision is not None and decision.acts else None
+                self.decisions.append(record)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _gather_param_bytes(self) -> np.ndarray:
@@ -223,8 +302,11 @@ class Controller:
         self.control_s += dt
 
     def gather_stats(self) -> list[dict[str, float]]:
-        """Collective: each rank's control seconds (total and per phase), boundaries, and the
-        median seconds of each phase (robust to the odd descheduled call)."""
+        """Collective: each rank's control seconds on its training thread (total and per phase:
+        ``gather_s`` starting the gather and handing its rows to the decision thread,
+        ``decide_s`` waiting for the decision, ``broadcast_s`` receiving the action),
+        boundaries, and the median seconds of each phase (robust to the odd descheduled
+        call). The decision thread's own time is in each decision's ``latency_s``."""
         medians = {f"median_{k}": float(np.median(v)) if v else 0.0
                    for k, v in self.samples.items()}
         boxes: list[Any] = [None] * self.world
@@ -234,5 +316,8 @@ class Controller:
         return boxes
 
     def close(self) -> None:
+        """Let the decision thread exit; close the external decider, if any."""
+        if self.thread is not None:
+            self.thread.close()
         if self.decider is not None:
             self.decider.close()
