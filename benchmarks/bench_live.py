@@ -94,7 +94,7 @@ HORIZONS = "1,5,10,20"
 #: Deadline of one model forecast in the live loop (the pandas feature path on a busy
 #: machine takes tens to hundreds of milliseconds).
 MODEL_TIMEOUT_S = 5.0
-PHASES = ("gather_s", "decide_s", "broadcast_s")
+PHASES = ("gather_s", "submit_s", "decide_s", "broadcast_s")
 
 
 def train_config(steps: int, inject: str | None, run_id: str, hidden: int) -> Any:
@@ -297,7 +297,7 @@ def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
         rs = [r[name] for r in lead]
         out[name] = {k: float(np.mean([r[k] for r in rs])) for k in (
             "samples_s_before", "samples_s_slowed", "samples_s_plateau", "ratio_slowed",
-            "ratio_plateau", "decision_latency_ms")}
+            "ratio_plateau", "decision_latency_ms", "control_pct")}
         out[name]["first_response_step"] = "/".join(
             "-" if r["first_response_step"] is None else str(r["first_response_step"])
             for r in rs)

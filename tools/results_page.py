@@ -576,10 +576,11 @@ def r_live(doc: dict) -> list[str]:
         moves = " ".join(SPLIT.join(map(str, a["to"])) + f"@{a['step']}" for a in p["actions"])
         rows.append((name, fmt(p["samples_s_slowed"], ".0f"), fmt(p["ratio_slowed"], ".3f"),
                      fmt(p["ratio_plateau"], ".3f"), fmt(p.get("first_response_step")),
-                     moves or "—", fmt(p.get("decision_latency_ms"), ".1f")))
+                     moves or "—", fmt(p.get("decision_latency_ms"), ".1f"),
+                     fmt(p.get("control_pct"), ".2f")))
     lines += table(["policy", "samples/s while slowed", "vs static", "vs static on the plateau",
                     "first move answering the fault", "moves (split@step)",
-                    "decision ms"], rows)
+                    "decision ms", "control % of step"], rows)
     g = doc.get("goals")
     if g:
         lines += table(["goal", "value"], [(f"`{k}`", fmt(v)) for k, v in g.items()])

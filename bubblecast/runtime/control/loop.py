@@ -95,7 +95,7 @@ class Controller:
         self.enabled = True
         self.decisions: list[dict[str, Any]] = []
         self.control_s = 0.0
-        self.parts = {"gather_s": 0.0, "decide_s": 0.0, "broadcast_s": 0.0}
+        self.parts = {"gather_s": 0.0, "submit_s": 0.0, "decide_s": 0.0, "broadcast_s": 0.0}
         self.samples: dict[str, list[float]] = {k: [] for k in self.parts}
         self.boundaries = 0
         self._pending: Pending = []
@@ -131,7 +131,7 @@ class Controller:
             gathering, self._gathering = self._gathering, None
             t0 = time.perf_counter()
             self._deciding = self.submit(gathering, step)
-            self._spend("gather_s", t0)
+            self._spend("submit_s", t0)
 
     def after_step(self) -> dict[str, Any] | None:
         """Call after every step on every rank (collective). Returns the record of an action
@@ -303,8 +303,8 @@ class Controller:
 
     def gather_stats(self) -> list[dict[str, float]]:
         """Collective: each rank's control seconds on its training thread (total and per phase:
-        ``gather_s`` starting the gather and handing its rows to the decision thread,
-        ``decide_s`` waiting for the decision, ``broadcast_s`` receiving the action),
+        ``gather_s`` starting the gather, ``submit_s`` handing its rows to the decision
+        thread, ``decide_s`` waiting for the decision, ``broadcast_s`` receiving the action),
         boundaries, and the median seconds of each phase (robust to the odd descheduled
         call). The decision thread's own time is in each decision's ``latency_s``."""
         medians = {f"median_{k}": float(np.median(v)) if v else 0.0
