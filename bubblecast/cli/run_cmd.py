@@ -73,6 +73,10 @@ def run(
     forecast_timeout: float = typer.Option(
         0.5, "--forecast-timeout",
         help="Seconds a decision (its forecast or service call included) may take."),
+    lead_rise: float = typer.Option(
+        0.1, "--lead-rise", help="Forecast rise (farthest over nearest horizon) with which a "
+        "model with device covariates announces a slowdown not yet seen; calibrate it with "
+        "bubblecast.runtime.control.learned_lead.calibrate_rise."),
     actions_file: Path | None = typer.Option(
         None, "--actions", help="Actions JSON to write (default: OUT's stem + .actions.json)."),
     arch: str = typer.Option("mlp", "--arch",
@@ -90,7 +94,7 @@ def run(
     config = train_config(out, arch, options)
     scripted = parse_actions(options["action"])
     control = ControllerConfig(policy=policy, every=every, model=model_uri, service=service,
-                               timeout_s=forecast_timeout,
+                               timeout_s=forecast_timeout, lead_rise=lead_rise,
                                layer_costs="measured" if config.layer_cost_every else "uniform")
     plan = config.plan
     check_controllable(plan.schedule, plan.stages, plan.microbatches, plan.chunks, control)

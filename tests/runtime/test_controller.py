@@ -157,6 +157,7 @@ def test_decision_thread_runs_jobs_in_order_gives_up_and_refuses_while_busy() ->
     ({"policy": "predictive", "model": "m", "service": "http://x"}, "not both"),
     ({"policy": "predictive", "service": "ftp://x"}, "expected an http"),
     ({"timeout_s": 0.0}, "--forecast-timeout"),
+    ({"lead_rise": 0.0}, "--lead-rise"),
     ({"policy": "reactive", "policy_params": {"windw": 3}}, "policy_params"),
 ])
 def test_controller_config_refuses_bad_values(kwargs: dict, message: str) -> None:
@@ -179,6 +180,7 @@ BASE = ["run", "--arch", "mlp", "--layers", "8", "--stages", "2", "--microbatche
     (["--partition", "3,4"], "sums to 7"),
     (["--inject", "rank=1,factor=fast"], "'factor' must be a number"),
     (["--forecast-timeout", "0"], "--forecast-timeout"),
+    (["--policy", "predictive", "--lead-rise", "-0.1"], "--lead-rise"),
     (["--action", "3:teleport=1"], "--action"),
 ])
 def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_path: Path,

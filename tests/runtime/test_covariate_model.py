@@ -220,3 +220,54 @@ def test_the_learned_lead_holds_until_the_slowdown_shows() -> None:
     lead.update(120, [1.0, 1.0], flat, q, hz)
     assert lead.update(120 + lead.hold_steps + 1, [1.0, 1.0], ~flat) == {}  # never came
     assert LearnedLead().update(0, [1.0, 1.0], ~flat, q, hz) == {}  # throttling: no lead
+
+
+class _RatioForecaster:
+    """A fitted forecaster whose median at horizon 20 is ``ratio`` times that at horizon 1,
+    row by row (the rows of the frame it is asked about, in order)."""
+
+    horizons_ = [1, 5, 20]
+
+    def __init__(self, ratio: np.ndarray) -> None:
+        self.ratio = ratio
+
+    def predict(self, frame: pd.DataFrame, horizons: list[int]) -> pd.DataFrame:
+        keys = frame[["run_id", "replica", "stage", "step"]]
+        return pd.concat([keys.assign(horizon=h, p50=1.0 if h == 1 else self.ratio)
+                          for h in horizons], ignore_index=True)
+
+
+def test_calibrate_rise_bounds_the_false_alarms_on_quiet_rows() -> None:
+    """The learned lead's rise is the (1 - false_alarm) quantile of the model's forecast rise
+    over the rows whose realised future holds no rise; rows with a slowdown ahead do not count,
+    however large their forecast."""
+    from bubblecast.runtime.control.control_config import ControllerConfig
+    from bubblecast.runtime.control.decide import Decider
+    from bubblecast.runtime.control.learned_lead import LearnedLead, calibrate_rise
+    from bubblecast.runtime.plan import check_plan
+
+    rng = np.random.default_rng(0)
+    n = 400
+    forecast = 1.0 + 0.2 * rng.random(n)  # quiet rows: a forecast rise of 0-20%
+    realised = np.ones(n)
+    realised[:100], forecast[:100] = 1.5, 3.0  # a slowdown ahead, forecast as such
+    frame = pd.DataFrame({"run_id": "r", "replica": 0, "stage": np.arange(n) % 2,
+                          "step": np.arange(n), "y_h1": 1.0, "y_h20": realised})
+    cal = calibrate_rise(_RatioForecaster(forecast), frame, false_alarm=0.1)
+    assert cal.quiet_rows == 300 and cal.rows == n and cal.horizons == (1, 20)
+    assert cal.rise == pytest.approx(np.quantile(forecast[100:], 0.9) - 1)
+    assert 0.15 < cal.rise < 0.2 and cal.false_alarm <= 0.1
+    # the lead announces about that share of the quiet rows, and every row with its slowdown
+    lead = LearnedLead(rise=cal.rise)
+    q = np.ones((n, 2, 3))
+    q[:, 1, 1] = forecast
+    announced = lead.update(0, np.ones(n), np.ones(n, dtype=bool), q, [1, 20])
+    assert set(range(100)) <= set(announced) and len(announced) - 100 <= 0.1 * 300
+    with pytest.raises(BubblecastError, match="target column 'y_h20'"):
+        calibrate_rise(_RatioForecaster(forecast), frame.drop(columns="y_h20"))
+    with pytest.raises(BubblecastError, match="no row of the features is quiet"):
+        calibrate_rise(_RatioForecaster(forecast), frame.assign(y_h20=2.0))
+    # the controller's decider announces with the rise it is configured with
+    config = ControllerConfig(policy="predictive", lead_rise=cal.rise)
+    plan = check_plan("1f1b", 2, 4, 8)
+    assert Decider(config, plan, np.full(8, 1e3)).learned.rise == cal.rise

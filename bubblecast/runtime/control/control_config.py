@@ -33,7 +33,9 @@ class ControllerConfig:
     migrations (defaults: CPU, gloo, Adam; ``benchmarks/results/migration.json``).
     ``thermal_lead``: the predictive policy's built-in forecaster takes in the ranks' temperatures
     (device metric ``temperature_c``), a leading signal of thermal throttling
-    (:mod:`.lead`); no effect where no rank reports a temperature.
+    (:mod:`.lead`); no effect where no rank reports a temperature. ``lead_rise``: the rise of
+    a covariate model's forecast that announces a slowdown not yet seen (the learned lead,
+    :mod:`.learned_lead`; calibrate it with :func:`.learned_lead.calibrate_rise`).
     """
 
     policy: str = "static"
@@ -51,6 +53,7 @@ class ControllerConfig:
     pause_s: float = 0.02
     optimizer_factor: float = 2.0
     thermal_lead: bool = True
+    lead_rise: float = 0.1
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -68,6 +71,9 @@ class ControllerConfig:
             raise BubblecastError(f"--service: expected an http(s):// URL, got '{self.service}'")
         if not (np.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got {self.timeout_s}")
+        if not (isinstance(self.lead_rise, (int, float)) and np.isfinite(self.lead_rise)
+                and self.lead_rise > 0):
+            raise BubblecastError(f"--lead-rise: must be > 0, got {self.lead_rise!r}")
         if not isinstance(self.history, int) or self.history < 16:
             raise BubblecastError(f"history: must be an integer >= 16, got {self.history!r}")
         if self.layer_costs not in ("measured", "uniform"):

@@ -101,7 +101,7 @@ class Decider:
         self._raw: np.ndarray | None = None
         self._temps: dict[int, np.ndarray] = {}  # step -> the ranks' temperatures
         self._slowdown: np.ndarray | None = None  # the ranks' slowdown temperatures
-        self.learned = LearnedLead()  # a covariate model's announced slowdowns
+        self.learned = LearnedLead(rise=c.lead_rise)  # a covariate model's announced slowdowns
         self.lead = None
         if c.policy == "predictive" and c.thermal_lead:
             from bubblecast.runtime.control.lead import ThermalLead

@@ -15,6 +15,11 @@ forecast path (as for the thermal lead of :mod:`.lead`). :class:`LearnedLead` ke
   its recent speed, an announced rank times the model's forecast path relative to its nearest
   horizon (the model's shape of the slowdown on the observed level: its levels are not what
   the lead stands on).
+
+``rise`` is a false-alarm trade-off of the model at hand, so it is learned with it:
+:func:`calibrate_rise` picks the smallest rise the model's own forecasts exceed on at most a
+given share of the feature rows whose realised future holds no rise (by default 5%), from the
+model's training features (``ControllerConfig.lead_rise``, ``run --lead-rise``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from bubblecast.errors import BubblecastError
+
+__all__ = ["AnchoredForecast", "Announced", "LearnedLead", "RiseCalibration", "calibrate_rise"]
 
 
 @dataclass
@@ -106,3 +113,54 @@ class AnchoredForecast:
             for k in range(3):
                 out[:, r, k] = self.recent[r] * np.interp(hz, self.horizons, path[:, k])
         return np.sort(out, axis=2)
+
+
+@dataclass(frozen=True)
+class RiseCalibration:
+    """:func:`calibrate_rise`'s answer: the ``rise``, the share of quiet rows it announces
+    (``false_alarm``), how many quiet rows it was read from out of ``rows``, and the nearest
+    and farthest horizons compared."""
+
+    rise: float
+    false_alarm: float
+    quiet_rows: int
+    rows: int
+    horizons: tuple[int, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rise": self.rise, "false_alarm": self.false_alarm,
+                "quiet_rows": self.quiet_rows, "rows": self.rows,
+                "horizons": list(self.horizons)}
+
+
+def calibrate_rise(forecaster: Any, frame: Any, false_alarm: float = 0.05,
+                   flat: float = 0.05) -> RiseCalibration:
+    """The :class:`LearnedLead` ``rise`` at which ``forecaster`` (fitted, with ``horizons_``
+    and ``predict(frame, horizons)`` giving ``p50`` per row and horizon) announces at most
+    ``false_alarm`` of the *quiet* rows of ``frame`` (a features table with its targets
+    ``y_h{h}``): rows whose realised delay at the farthest horizon is under ``1 + flat`` times
+    that at the nearest, so no slowdown was coming. The rule compared is the lead's own: the
+    median forecast at the farthest horizon over that at the nearest."""
+    if not 0 < false_alarm < 1 or not flat >= 0:
+        raise BubblecastError("calibrate_rise: false_alarm in (0, 1), flat >= 0")
+    hz = sorted(int(h) for h in forecaster.horizons_)
+    near, far = hz[0], hz[-1]
+    if near == far:
+        raise BubblecastError(f"calibrate_rise: the model forecasts one horizon ({near}); "
+                              "the lead compares the nearest with the farthest")
+    for h in (near, far):
+        if f"y_h{h}" not in frame.columns:
+            raise BubblecastError(f"calibrate_rise: the features lack target column 'y_h{h}'")
+    keys = ["run_id", "replica", "stage", "step"]
+    pred = forecaster.predict(frame, [near, far])
+    p50 = pred.pivot_table(index=keys, columns="horizon", values="p50", observed=True)
+    real = frame.set_index(keys)[[f"y_h{near}", f"y_h{far}"]].reindex(p50.index)
+    ratio = (p50[far] / p50[near]).to_numpy(dtype=np.float64)
+    realised = (real[f"y_h{far}"] / real[f"y_h{near}"]).to_numpy(dtype=np.float64)
+    quiet = np.isfinite(ratio) & np.isfinite(realised) & (realised < 1 + flat)
+    if not quiet.any():
+        raise BubblecastError("calibrate_rise: no row of the features is quiet (every realised "
+                              f"delay rises by {flat:.0%} or more within {far} steps)")
+    rise = max(float(np.quantile(ratio[quiet], 1 - false_alarm)) - 1, 1e-3)
+    return RiseCalibration(rise=rise, false_alarm=float(np.mean(ratio[quiet] >= 1 + rise)),
+                           quiet_rows=int(quiet.sum()), rows=len(ratio), horizons=(near, far))
