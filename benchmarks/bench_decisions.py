@@ -152,7 +152,9 @@ def compare_run(events: Any, run_id: str, model: Any, metrics: Any) -> dict[str,
 
 def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     """Plain mean shares over the scored runs, the paired difference lgbm - trend with its
-    standard error, and whether lgbm >= trend + ``margin``."""
+    standard error, and whether lgbm >= trend + ``margin`` (``met`` None: no run where the
+    oracle gains, so no share to compare; ``gains_equal`` says whether the two forecasters'
+    gains over static were equal on every run then)."""
     scored = [r for r in rows if r["scored"]]
     out: dict[str, Any] = {"runs": len(rows), "scored_runs": len(scored),
                            "oracle_gain_mean": float(np.mean([r["oracle_gain"] for r in rows]))}
@@ -162,7 +164,9 @@ def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     out["lgbm_minus_trend"] = float(diff.mean()) if len(diff) else None
     out["diff_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
     out["margin"] = margin
-    out["met"] = bool(len(diff) and diff.mean() >= margin)
+    out["met"] = bool(diff.mean() >= margin) if len(diff) else None
+    if not scored:
+        out["gains_equal"] = all(r["lgbm"]["gain"] == r["trend"]["gain"] for r in rows)
     return out
 
 
@@ -210,7 +214,7 @@ def print_table(results: dict[str, Any]) -> None:
 
             se = "" if s["diff_se"] is None else f"+-{s['diff_se']:.3f}"
             diff = "-" if s["lgbm_minus_trend"] is None else f"{s['lgbm_minus_trend']:+.3f}{se}"
-            verdict = "met" if s["met"] else "no run to score" if not s["scored_runs"] \
+            verdict = "no room to score" if s["met"] is None else "met" if s["met"] \
                 else "NOT met"
             print(f"{name:7} {family:16} {s['scored_runs']:>2}/{s['runs']:<2} "
                   f"{s['oracle_gain_mean']:7.2%} {cell(s['reactive']):>8} {cell(s['trend']):>7} "
@@ -220,16 +224,21 @@ def print_table(results: dict[str, Any]) -> None:
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     """Top-level scalars for the results page: per setup and family the two oracle shares,
-    and the goals met."""
+    and the goals met among those with a run to score (the others named: no policy could
+    gain there, so there is no share to compare)."""
     out: dict[str, Any] = {}
-    met = []
+    met, unscored = [], []
     for name, res in results.items():
         for family, f in res["families"].items():
             s = f["summary"]
             out[f"{name} {family} oracle share trend"] = s["trend"]
             out[f"{name} {family} oracle share lgbm"] = s["lgbm"]
-            met.append(s["met"])
-    out["goals met"] = f"{sum(met)} of {len(met)}"
+            if s["met"] is None:
+                unscored.append(f"{name} {family}")
+            else:
+                met.append(s["met"])
+    out["goals met"] = f"{sum(met)} of {len(met)}" + (
+        f" with a run to score (none in: {', '.join(unscored)})" if unscored else "")
     return out
 
 
