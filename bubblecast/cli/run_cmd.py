@@ -118,8 +118,24 @@ def run(
     except TrainingFailed as exc:
         raise training_failed(exc) from None
     write_actions(actions_path, summary, control, config.run_id)
+    result = _controlled_result(out, actions_path, config, policy, every, summary,
+                                forecaster)
+    if options["json_out"]:
+        emit_json(result)
+        return
+    typer.echo(f"wrote {out} and {actions_path}: {config.steps} steps x {config.stages} "
+               f"stages ({plan.schedule}), policy {policy}, "
+               f"{1e3 * result['mean_step_s']:.2f} ms/step, "
+               f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
+               f"action(s), partition {result['initial_partition']} -> {result['partition']}")
+
+
+def _controlled_result(out: Path, actions_path: Path, config: Any, policy: str, every: int,
+                       summary: dict[str, Any], forecaster: str | None) -> dict[str, Any]:
+    """The ``run --json`` object of a controlled run (SPEC keys) from its summary."""
+    plan = config.plan
     losses = list(summary["losses"].values())
-    result = {
+    return {
         "out": str(out), "actions_file": str(actions_path), "run_id": config.run_id,
         "policy": policy, "every": every, "forecaster": summary.get("forecaster") or forecaster,
         "steps": config.steps, "stages": config.stages, "schedule": plan.schedule,
@@ -136,14 +152,6 @@ def run(
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "emulated_slowdown": config.inject, "first_step": summary["first_step"],
     }
-    if options["json_out"]:
-        emit_json(result)
-        return
-    typer.echo(f"wrote {out} and {actions_path}: {config.steps} steps x {config.stages} "
-               f"stages ({plan.schedule}), policy {policy}, "
-               f"{1e3 * result['mean_step_s']:.2f} ms/step, "
-               f"{result['throughput_samples_s']:.1f} samples/s, {result['actions_taken']} "
-               f"action(s), partition {result['initial_partition']} -> {result['partition']}")
 
 
 def _check_planned(policy: str, model_uri: str | None, service: str | None, arch: str) -> None:
