@@ -116,6 +116,9 @@ ABOUT = {
     "plan_worker": ("Where the live planner runs: the same `balance` plan computed on a thread "
                     "of the training process and in a worker process, A/B against no planning "
                     "on the packed GPT's steps.", "Live planner: thread or process"),
+    "decision_thread": ("Where rank 0 decides: on its decision thread while the step trains, "
+                        "or inline on the training thread, A/B against no controller on the "
+                        "same trainer.", "Live closed loop"),
     "plan_costs": ("The same steps' plans timed by their measured micro-batch costs (each run "
                    "in isolation on the real stages, composed by the engine) and by the learned "
                    "cost model.", "Plans: measured costs against the cost model"),
@@ -124,7 +127,7 @@ ABOUT = {
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
          "forecast", "policy", "guard", "balance", "live_balance", "plan_costs", "plan_worker",
-         "serve", "live", "fleet", "read")
+         "serve", "live", "decision_thread", "fleet", "read")
 
 
 @dataclass(frozen=True)
@@ -384,6 +387,25 @@ def r_record(doc: dict) -> list[str]:
                   f"{m['cpu_total_pct']:+.2f}%.", ""]
     if doc.get("verdict"):
         lines += [f"Verdict recorded with the run: {fmt(doc['verdict'])}.", ""]
+    return lines
+
+
+def r_decision_thread(doc: dict) -> list[str]:
+    s = doc["summary"]
+    lines = [facts([("model", doc.get("model")), ("decisions every", doc.get("every")),
+                    ("rounds", doc.get("rounds")), ("block", doc.get("block")),
+                    ("forecaster", s.get("forecaster"))]) + ".", ""]
+    rows = [(key.replace("_vs_", " against "),
+             f"{s[key]['median_pct']:+.2f}% ({s[key]['ci95_pct'][0]:+.2f}.."
+             f"{s[key]['ci95_pct'][1]:+.2f})",
+             f"{s[key]['total_pct']:+.2f}% ({s[key]['total_ci95_pct'][0]:+.2f}.."
+             f"{s[key]['total_ci95_pct'][1]:+.2f})")
+            for key in ("thread_vs_off", "inline_vs_off", "inline_vs_thread")]
+    lines += table(["step time", "median of rounds (95% CI)", "ratio of totals (95% CI)"],
+                   rows)
+    lines += [f"Median step: {facts((k, fmt(v, '.2f') + ' ms') for k, v in s['step_ms'].items())}"
+              f"; {s['decisions']} decisions, median {fmt(s['decision_ms_median'], '.2f')} ms, "
+              f"{s['decisions_failed']} failed or late; layer moves {len(s['moves'])}.", ""]
     return lines
 
 
@@ -804,7 +826,8 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
     "forecast": r_forecast, "policy": r_policy, "guard": r_guard, "serve": r_serve,
-    "live": r_live, "fleet": r_fleet, "read": r_read, "balance": r_balance,
+    "live": r_live, "decision_thread": r_decision_thread, "fleet": r_fleet, "read": r_read,
+    "balance": r_balance,
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
     "plan_costs": r_plan_costs,
 }

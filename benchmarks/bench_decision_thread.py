@@ -1,0 +1,178 @@
+"""Where rank 0 decides: on its decision thread while a step trains, or inline (direct A/B).
+
+One trainer (bench_live's pipeline: 2 CPU ranks under torchrun/gloo, MLP of 12 layers, 1F1B, 4
+micro-batches, no fault) with one controller running the predictive policy on a LightGBM model
+with device covariates (the learned lead's model of ``bench_live.py --learned``: trained here,
+or reused from ``--work``), decisions every :data:`EVERY` steps. Three arms, in interleaved
+blocks of ``--block`` steps (``benchmarks/_ab.py``: the order rotates every round, barriers
+around each block):
+
+- ``off``: the controller disabled (no boundary observed): the reference;
+- ``thread``: ``Controller.before_step`` hands each decision to rank 0's decision thread
+  before the step and ``after_step`` collects it (``bubblecast run``'s path);
+- ``inline``: no ``before_step``, so ``after_step`` takes the decision itself on the training
+  thread (the controller's behaviour until commit 049e25a, less its thread per forecast call).
+
+Blocks are a multiple of :data:`EVERY` steps long, so each holds the same number of decisions;
+a decision observed at a block's last boundary is taken in the next block, in that block's way.
+Wall seconds per step, per round and arm, on rank 0; per-round ratios against ``off`` and
+between ``inline`` and ``thread``: the median with its distribution-free 95% interval and the
+ratio of totals with a bootstrap interval (``paired_summary``). The decisions' own latency
+(``latency_s`` of each record, on whichever thread took it) and the layer moves are reported
+beside, since a move changes every later block's step.
+
+    python benchmarks/bench_decision_thread.py [--rounds 60] [--block 20] [--work DIR]
+
+Prints a table; writes benchmarks/results/decision_thread.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ab import is_worker, paired_summary, run_job, timed_rounds  # noqa: E402
+
+from bubblecast.runtime.shutdown import exit_process  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "decision_thread.json"
+ARMS = ("off", "thread", "inline")
+EVERY = 10
+#: Steps before the rounds: the model's features need 60 steps of history.
+WARMUP_STEPS = 80
+TIMEOUT_S = 5.0
+
+
+def worker(job_dir: Path) -> None:
+    """Each rank: the trainer, its controller and the timed rounds (module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    from bubblecast.runtime.control.control_config import ControllerConfig
+    from bubblecast.runtime.control.loop import Controller
+    from bubblecast.runtime.train_config import TrainConfig
+    from bubblecast.runtime.trainer import Trainer, init_distributed
+
+    job = json.loads((job_dir / "bench.json").read_text())
+    init_distributed("gloo")
+    torch.set_num_threads(1)
+    trainer = Trainer(TrainConfig.from_json(job["config"]), group=dist.new_group(backend="gloo"))
+    ctl = Controller(trainer, ControllerConfig.from_json(job["control"]))
+    mode = {"thread": True}
+
+    def step() -> None:
+        if mode["thread"]:
+            ctl.before_step()
+        trainer.train_step()
+        ctl.after_step()
+
+    def arm(name: str) -> tuple[Any, Any]:
+        def enter() -> None:
+            ctl.enabled = name != "off"
+            mode["thread"] = name != "inline"
+        return enter, (lambda: None)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    sync = dist.new_group(backend="gloo")
+    times = timed_rounds({n: arm(n) for n in ARMS}, step, job["rounds"], job["block"],
+                         lambda: dist.barrier(group=sync))
+    ctl.finish()
+    stats = ctl.gather_stats()
+    if dist.get_rank() == 0:
+        moves = [a for a in trainer.actions if a.get("ok") and a.get("from") != a.get("to")]
+        (job_dir / "result.json").write_text(json.dumps({
+            "wall": {n: times[n]["wall"] for n in ARMS}, "control": stats,
+            "latency_s": [d["latency_s"] for d in ctl.decisions],
+            "reasons": [d["reason"] for d in ctl.decisions], "forecaster": ctl.note,
+            "moves": [{"step": a["step"], "to": a["to"]} for a in moves]}, default=float))
+    ctl.close()
+    dist.destroy_process_group()
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """Per arm the median step; the paired overheads; the decisions' latency and failures."""
+    wall = res["wall"]
+    lat = sorted(1e3 * x for x in res["latency_s"])
+    failed = [r for r in res["reasons"] if "failed" in r or "timed out" in r or "still running"
+              in r]
+    return {
+        "step_ms": {n: 1e3 * statistics.median(wall[n]) for n in ARMS},
+        "thread_vs_off": paired_summary(wall["thread"], wall["off"]),
+        "inline_vs_off": paired_summary(wall["inline"], wall["off"]),
+        "inline_vs_thread": paired_summary(wall["inline"], wall["thread"]),
+        "decisions": len(lat), "decision_ms_median": statistics.median(lat) if lat else None,
+        "decisions_failed": len(failed), "moves": res["moves"], "forecaster": res["forecaster"],
+    }
+
+
+def report(s: dict[str, Any], rounds: int, block: int) -> None:
+    print(f"{rounds} rounds x {block} steps per arm; median step "
+          + ", ".join(f"{n} {v:.2f} ms" for n, v in s["step_ms"].items()))
+    print(f"{'comparison':>17} {'median % (95% CI)':>26} {'total % (95% CI)':>26}")
+    for key in ("thread_vs_off", "inline_vs_off", "inline_vs_thread"):
+        r = s[key]
+        print(f"{key:>17} " + " ".join(
+            f"{r[m]:+7.2f} ({r[ci][0]:+.2f}..{r[ci][1]:+.2f})".rjust(26)
+            for m, ci in (("median_pct", "ci95_pct"), ("total_pct", "total_ci95_pct"))))
+    print(f"decisions {s['decisions']} (median {s['decision_ms_median']:.2f} ms, "
+          f"{s['decisions_failed']} failed or late), layer moves {len(s['moves'])}")
+
+
+def main() -> int:
+    from _results import run_header, write_json
+    from bench_live import calibrate_lead, train_config, train_lead_model
+
+    from bubblecast.runtime.control.control_config import ControllerConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=60, help="rounds (default 60)")
+    ap.add_argument("--block", type=int, default=20,
+                    help=f"steps per arm per round, a multiple of {EVERY} (default 20)")
+    ap.add_argument("--hidden", type=int, default=512, help="MLP width")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="bench_live.py --learned's folder: reuse its model (else train one)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    if args.block < EVERY or args.block % EVERY or args.rounds < 6:
+        ap.error(f"--block: a positive multiple of {EVERY}; --rounds: at least 6")
+    with tempfile.TemporaryDirectory(prefix="bench-decision-thread-") as tmp:
+        work = args.work or Path(tmp)
+        done = work / "training.json"
+        if done.exists():
+            model = json.loads(done.read_text())["model"]
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            model, training = train_lead_model(work, args.hidden, quick=False)
+            done.write_text(json.dumps({**training, "model": model}))
+        rise = calibrate_lead(work, model)["rise"]
+        steps = WARMUP_STEPS + args.rounds * len(ARMS) * args.block + 2 * EVERY
+        config = train_config(steps, None, "decision-thread", args.hidden)
+        control = ControllerConfig(policy="predictive", every=EVERY, model=model,
+                                   timeout_s=TIMEOUT_S, lead_rise=rise)
+        load = list(os.getloadavg())
+        res = run_job(__file__, {"config": config.to_json(), "control": control.to_json(),
+                                 "rounds": args.rounds, "block": args.block}, timeout=1800)
+    summary = summarize(res)
+    report(summary, args.rounds, args.block)
+    write_json(args.out, {**run_header(
+        "decision_thread", backend="gloo", ranks=2, load_average=[load, list(os.getloadavg())],
+        model=f"mlp L=12 hidden={args.hidden} batch=64 microbatches=4 1f1b sgd",
+        every=EVERY, rounds=args.rounds, block=args.block, arms=list(ARMS)),
+        "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    if is_worker():
+        worker(Path(sys.argv[1]))
+        exit_process(0)  # no finalization: see bubblecast.runtime.shutdown
+    else:
+        sys.exit(main())
