@@ -283,8 +283,8 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue 23's goals over the repetitions (plain means over runs)."""
     lead, plain = [r["lead"] for r in runs], [r["plain"] for r in runs]
 
-    def ratios(rs: list[dict[str, Any]], name: str) -> list[float]:
-        return [r[name]["ratio_slowed"] for r in rs]
+    def ratios(rs: list[dict[str, Any]], name: str, key: str = "slowed") -> list[float]:
+        return [r[name][f"ratio_{key}"] for r in rs]
 
     pr, rr, sr = ratios(lead, "predictive"), ratios(lead, "reactive"), ratios(lead, ORACLE)
     steps = [lead_steps(r) for r in lead]
@@ -306,7 +306,18 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "share_every_run_ge_0_85": all(x is not None and x >= 0.85 for x in share),
             "plain_predictive_ratio": ratios(plain, "predictive"),
             "plain_reactive_ratio": ratios(plain, "reactive"),
-            "plain_gap_pct": 100.0 * plain_gap, "plain_within_1pct": abs(plain_gap) <= 0.01}
+            "plain_gap_pct": 100.0 * plain_gap, "plain_within_1pct": abs(plain_gap) <= 0.01,
+            **from_sign(lead)}
+
+
+def from_sign(lead: list[dict[str, Any]]) -> dict[str, Any]:
+    """Beside the goals, not one of them: the ratios to static from the fault's first sign
+    (the device's heating) to its end, where a move made before the slowdown is charged (the
+    goals' window starts at the slowdown)."""
+    pr = [r["predictive"]["ratio_from_sign"] for r in lead]
+    rr = [r["reactive"]["ratio_from_sign"] for r in lead]
+    return {"predictive_ratio_from_sign": pr, "reactive_ratio_from_sign": rr,
+            "ahead_from_sign_mean_pct": 100.0 * float(np.mean(pr) / np.mean(rr) - 1.0)}
 
 
 def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
@@ -317,7 +328,7 @@ def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
         rs = [r[name] for r in lead]
         out[name] = {k: float(np.mean([r[k] for r in rs])) for k in (
             "samples_s_before", "samples_s_slowed", "samples_s_plateau", "ratio_slowed",
-            "ratio_plateau", "decision_latency_ms", "control_pct")}
+            "ratio_plateau", "ratio_from_sign", "decision_latency_ms", "control_pct")}
         out[name]["first_response_step"] = "/".join(
             "-" if r["first_response_step"] is None else str(r["first_response_step"])
             for r in rs)
@@ -398,7 +409,7 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int, lead: int 
         out[name] = {
             "step_s": step.tolist(),
             "samples_s_before": rate(10, lo), "samples_s_slowed": rate(lo, hi),
-            "samples_s_plateau": rate(flat, hi),
+            "samples_s_plateau": rate(flat, hi), "samples_s_from_sign": rate(sign, hi),
             "first_action_step": moves[0]["step"] if moves else None,
             "first_response_step": next((a["step"] for a in moves if a["step"] >= sign
                                          and a["to"][0] > a["to"][-1]), None),
@@ -416,7 +427,7 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int, lead: int 
         }
     base = out["static"]
     for r in out.values():
-        for key in ("slowed", "plateau"):
+        for key in ("slowed", "plateau", "from_sign"):
             r[f"ratio_{key}"] = r[f"samples_s_{key}"] / base[f"samples_s_{key}"]
     return out
 
