@@ -998,9 +998,11 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
 
     def learned(d: dict) -> str:
         g = d["goals"]
+        sign = g.get("ahead_from_sign_mean_pct")
         return (f"first move {', '.join(str(x) for x in g['lead_steps'])} steps before reactive; "
-                f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']}); "
-                f"{g['share_mean']:.2f} of the scripted run's gain; plain ramp "
+                f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']})"
+                + ("" if sign is None else f", {sign:+.1f}% counted from the fault's first "
+                   "sign") + f"; {g['share_mean']:.2f} of the scripted run's gain; plain ramp "
                 f"{g['plain_gap_pct']:+.2f}% vs reactive")
 
     add("schedules.json", lambda d: "Bubble fraction at the zero-bubble paper's Table-5 "
