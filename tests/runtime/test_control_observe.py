@@ -3,8 +3,13 @@ hysteresis defaults, on seeded noisy series shaped like the live benchmark's (no
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.actions import Repartition
@@ -13,6 +18,7 @@ from bubblecast.policy.policies import PolicyState, PredictivePolicy, ReactivePo
 from bubblecast.runtime.control.control_config import ControllerConfig, make_policy
 from bubblecast.runtime.control.forecasters import load_forecaster
 from bubblecast.runtime.control.observe import (
+    History,
     RawHistoryForecaster,
     live_forecaster,
     predictive_params,
@@ -33,6 +39,35 @@ def test_robust_speeds_drop_isolated_spikes_and_stay_causal() -> None:
     z = robust_speeds(x[:16], 5)  # causal: the past does not depend on the future
     assert np.allclose(z, y[:16])
     assert np.allclose(robust_speeds(x, 1), x) and robust_speeds(x[:0], 5).shape == (0, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 30), st.integers(1, 3)),
+              elements=st.one_of(st.just(np.nan), st.floats(0.01, 100.0))),
+       st.integers(2, 9))
+def test_robust_speeds_are_the_causal_running_nanmedian(x: np.ndarray, smooth: int) -> None:
+    """Equal to ``np.nanmedian`` over each row's ``smooth`` rows ending there (NaN where they
+    hold no value), which it replaces for speed."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    padded = np.concatenate([np.full((smooth - 1, x.shape[1]), np.nan), x], axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows
+        want = np.nanmedian(sliding_window_view(padded, smooth, axis=0), axis=2)
+    np.testing.assert_allclose(robust_speeds(x, smooth), want, rtol=1e-12, equal_nan=True)
+
+
+def test_layer_costs_are_recomputed_only_after_a_new_sample() -> None:
+    h = History(2, 3, cost_samples=2)
+    first = h.costs()
+    assert np.allclose(first[:, 0], 1.0 / 3.0)  # no samples: uniform
+    first[:] = 0.0  # a caller's copy: the history's costs do not change with it
+    assert np.allclose(h.costs()[:, 0], 1.0 / 3.0)
+    h.add_samples(np.array([[0.1, 0.2, np.nan]]), np.array([[0.3, 0.6, np.nan]]))
+    c = h.costs()
+    assert np.allclose(c[:, 0], [0.1, 0.2, 0.15]) and np.allclose(c[:, 1], [0.2, 0.4, 0.3])
+    h.add_samples(np.array([[0.3, 0.2, 0.2]]), np.array([[0.9, 0.6, 0.6]]))
+    assert np.allclose(h.costs()[:, 0], [0.2, 0.2, 0.2])  # the new samples count
 
 
 def test_forecast_history_starts_at_the_last_move() -> None:
