@@ -128,7 +128,7 @@ def report(s: dict[str, Any], rounds: int, block: int) -> None:
 
 def main() -> int:
     from _results import run_header, write_json
-    from bench_live import calibrate_lead, train_config, train_lead_model
+    from bench_live import lead_model, train_config
 
     from bubblecast.runtime.control.control_config import ControllerConfig
 
@@ -144,15 +144,8 @@ def main() -> int:
     if args.block < EVERY or args.block % EVERY or args.rounds < 6:
         ap.error(f"--block: a positive multiple of {EVERY}; --rounds: at least 6")
     with tempfile.TemporaryDirectory(prefix="bench-decision-thread-") as tmp:
-        work = args.work or Path(tmp)
-        done = work / "training.json"
-        if done.exists():
-            model = json.loads(done.read_text())["model"]
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            model, training = train_lead_model(work, args.hidden, quick=False)
-            done.write_text(json.dumps({**training, "model": model}))
-        rise = calibrate_lead(work, model)["rise"]
+        model, training = lead_model(args.work or Path(tmp), args.hidden, quick=False)
+        rise = training["lead_rise"]["rise"]
         steps = WARMUP_STEPS + args.rounds * len(ARMS) * args.block + 2 * EVERY
         config = train_config(steps, None, "decision-thread", args.hidden)
         control = ControllerConfig(policy="predictive", every=EVERY, model=model,

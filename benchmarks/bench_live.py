@@ -259,18 +259,32 @@ def train_lead_model(work: Path, hidden: int, quick: bool) -> tuple[str, dict[st
                         "train_s": time.perf_counter() - t1}
 
 
-def calibrate_lead(work: Path, model: str) -> dict[str, Any]:
-    """The learned lead's ``rise`` from the model's forecasts on its own training features
-    (:func:`~bubblecast.runtime.control.learned_lead.calibrate_rise`)."""
+def lead_model(work: Path, hidden: int, quick: bool) -> tuple[str, dict[str, Any]]:
+    """The learned lead's model in ``work``: the one an earlier run left there (its
+    ``training.json``), else one trained now (:func:`train_lead_model`); and what was done,
+    with the lead's ``rise`` calibrated on the model's own training features
+    (:func:`~bubblecast.runtime.control.learned_lead.calibrate_rise`, ``lead_rise``)."""
     import pandas as pd
 
     from bubblecast.forecast.served import load_served
     from bubblecast.runtime.control.covariate_model import load_with_covariates
     from bubblecast.runtime.control.learned_lead import calibrate_rise
 
+    done = work / "training.json"
+    if done.exists():  # --work of an earlier run: its model, as it was trained
+        training = json.loads(done.read_text())
+        model = training["model"]
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        model, training = train_lead_model(work, hidden, quick)
+        done.write_text(json.dumps({**training, "model": model}))
     served, _ = load_served(model, loader=load_with_covariates)
     frame = pd.read_parquet(work / "features.parquet")
-    return calibrate_rise(served.forecaster, frame, false_alarm=FALSE_ALARM).to_json()
+    calibration = calibrate_rise(served.forecaster, frame, false_alarm=FALSE_ALARM).to_json()
+    print(f"learned lead: rise {calibration['rise']:.3f} (false alarms "
+          f"{calibration['false_alarm']:.1%} of {calibration['quiet_rows']} quiet rows)",
+          file=sys.stderr, flush=True)
+    return model, {**training, "lead_rise": calibration}
 
 
 def lead_steps(r: dict[str, Any]) -> int | None:
@@ -286,14 +300,19 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def ratios(rs: list[dict[str, Any]], name: str, key: str = "slowed") -> list[float]:
         return [r[name][f"ratio_{key}"] for r in rs]
 
+    def ahead_of(p: list[float], r: list[float]) -> float:  # ratio of the plain means - 1
+        return float(np.mean(p) / np.mean(r) - 1.0)
+
     pr, rr, sr = ratios(lead, "predictive"), ratios(lead, "reactive"), ratios(lead, ORACLE)
     steps = [lead_steps(r) for r in lead]
     share = [(p - 1.0) / (s - 1.0) if s > 1.0 else None for p, s in zip(pr, sr, strict=True)]
-    ahead = float(np.mean(pr) / np.mean(rr) - 1.0)
+    ahead = ahead_of(pr, rr)
     share_mean = float((np.mean(pr) - 1.0) / (np.mean(sr) - 1.0)) if np.mean(sr) > 1.0 \
         else None  # the scripted run gained nothing over static: no share to take
-    plain_gap = float(np.mean(ratios(plain, "predictive")) / np.mean(ratios(plain, "reactive"))
-                      - 1.0)
+    plain_gap = ahead_of(ratios(plain, "predictive"), ratios(plain, "reactive"))
+    # beside the goals, not one of them: from the fault's first sign (the device's heating),
+    # where a move made before the slowdown is charged (the goals' window starts at it)
+    ps, rs = ratios(lead, "predictive", "from_sign"), ratios(lead, "reactive", "from_sign")
     need = int(np.ceil(2 * len(lead) / 3))
     return {"runs": len(lead), "lead_steps": steps,
             "first_move_10_ahead": sum(s is not None and s >= 10 for s in steps) >= need,
@@ -307,17 +326,8 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "plain_predictive_ratio": ratios(plain, "predictive"),
             "plain_reactive_ratio": ratios(plain, "reactive"),
             "plain_gap_pct": 100.0 * plain_gap, "plain_within_1pct": abs(plain_gap) <= 0.01,
-            **from_sign(lead)}
-
-
-def from_sign(lead: list[dict[str, Any]]) -> dict[str, Any]:
-    """Beside the goals, not one of them: the ratios to static from the fault's first sign
-    (the device's heating) to its end, where a move made before the slowdown is charged (the
-    goals' window starts at the slowdown)."""
-    pr = [r["predictive"]["ratio_from_sign"] for r in lead]
-    rr = [r["reactive"]["ratio_from_sign"] for r in lead]
-    return {"predictive_ratio_from_sign": pr, "reactive_ratio_from_sign": rr,
-            "ahead_from_sign_mean_pct": 100.0 * float(np.mean(pr) / np.mean(rr) - 1.0)}
+            "predictive_ratio_from_sign": ps, "reactive_ratio_from_sign": rs,
+            "ahead_from_sign_mean_pct": 100.0 * ahead_of(ps, rs)}
 
 
 def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
@@ -347,26 +357,13 @@ def run_learned(args: argparse.Namespace, argv: list[str] | None) -> int:
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-live-model-") as tmp:
-        work = args.work or Path(tmp)
-        done = work / "training.json"
-        if done.exists():  # --work of an earlier run: its model, as it was trained
-            training = json.loads(done.read_text())
-            model = training["model"]
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            model, training = train_lead_model(work, args.hidden, args.quick)
-            done.write_text(json.dumps({**training, "model": model}))
-        calibration = calibrate_lead(work, model)
-        training = {**training, "lead_rise": calibration}
-        print(f"learned lead: rise {calibration['rise']:.3f} (false alarms "
-              f"{calibration['false_alarm']:.1%} of {calibration['quiet_rows']} quiet rows)",
-              file=sys.stderr, flush=True)
+        model, training = lead_model(args.work or Path(tmp), args.hidden, args.quick)
         for i in range(args.runs):
             pair = {}
             for kind, lead in (("lead", TEST_LEAD), ("plain", 0)):
                 print(f"run {i + 1}/{args.runs}: {kind}", file=sys.stderr, flush=True)
                 raw = run_interleaved(args, scale, lead=lead, model=model,
-                                      lead_rise=calibration["rise"])
+                                      lead_rise=training["lead_rise"]["rise"])
                 pair[kind] = summarise(raw, scale, args.every, lead)
             runs.append(pair)
             print_table(pair["lead"], f"run {i + 1}, thermal lead {TEST_LEAD}")
