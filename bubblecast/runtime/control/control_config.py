@@ -9,6 +9,7 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.cost import MigrationConstants
+from bubblecast.runtime.control.learned_lead import DEFAULT_RISE
 
 POLICY_NAMES = ("static", "reactive", "predictive")
 #: Runtime schedules the policies' pipeline model (bubblecast.sim) can time.
@@ -53,7 +54,7 @@ class ControllerConfig:
     pause_s: float = 0.02
     optimizer_factor: float = 2.0
     thermal_lead: bool = True
-    lead_rise: float = 0.1
+    lead_rise: float = DEFAULT_RISE
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

@@ -31,7 +31,11 @@ import numpy as np
 
 from bubblecast.errors import BubblecastError
 
-__all__ = ["AnchoredForecast", "Announced", "LearnedLead", "RiseCalibration", "calibrate_rise"]
+__all__ = ["DEFAULT_RISE", "AnchoredForecast", "Announced", "LearnedLead", "RiseCalibration",
+           "calibrate_rise"]
+
+#: The announce threshold when none is calibrated (:func:`calibrate_rise`).
+DEFAULT_RISE = 0.1
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Announced:
 class LearnedLead:
     """Announced ranks of a covariate model (module docstring)."""
 
-    rise: float = 0.1
+    rise: float = DEFAULT_RISE
     reached: float = 0.8
     hold_steps: int = 60
     ranks: dict[int, Announced] = field(default_factory=dict)
