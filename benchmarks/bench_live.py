@@ -165,6 +165,8 @@ def worker(job_dir: Path) -> None:
                      "forecaster": ctl.note}
     if dist.get_rank() == 0:
         (job_dir / "result.json").write_text(json.dumps(out, default=float))
+    for ctl in controllers.values():
+        ctl.close()
     dist.destroy_process_group()
 
 

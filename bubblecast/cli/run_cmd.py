@@ -77,6 +77,10 @@ def run(
         0.1, "--lead-rise", help="Forecast rise (farthest over nearest horizon) with which a "
         "model with device covariates announces a slowdown not yet seen; calibrate it with "
         "bubblecast.runtime.control.learned_lead.calibrate_rise."),
+    decide_in: str = typer.Option(
+        "process", "--decide-in", help="Where rank 0 decides while a step trains: process (a "
+        "worker process at the lowest CPU priority) or thread (shares the training process's "
+        "interpreter lock)."),
     actions_file: Path | None = typer.Option(
         None, "--actions", help="Actions JSON to write (default: OUT's stem + .actions.json)."),
     arch: str = typer.Option("mlp", "--arch",
@@ -95,6 +99,7 @@ def run(
     scripted = parse_actions(options["action"])
     control = ControllerConfig(policy=policy, every=every, model=model_uri, service=service,
                                timeout_s=forecast_timeout, lead_rise=lead_rise,
+                               decide_in=decide_in,
                                layer_costs="measured" if config.layer_cost_every else "uniform")
     plan = config.plan
     check_controllable(plan.schedule, plan.stages, plan.microbatches, plan.chunks, control)

@@ -181,6 +181,7 @@ BASE = ["run", "--arch", "mlp", "--layers", "8", "--stages", "2", "--microbatche
     (["--inject", "rank=1,factor=fast"], "'factor' must be a number"),
     (["--forecast-timeout", "0"], "--forecast-timeout"),
     (["--policy", "predictive", "--lead-rise", "-0.1"], "--lead-rise"),
+    (["--policy", "reactive", "--decide-in", "gpu"], "--decide-in"),
     (["--action", "3:teleport=1"], "--action"),
 ])
 def test_bad_options_exit_2_with_one_line(extra: list[str], message: str, tmp_path: Path,
@@ -247,8 +248,9 @@ def test_reactive_moves_layers_on_both_ranks_at_one_boundary(
 
 
 @pytest.mark.dist
+@pytest.mark.parametrize("decide_in", ["process", "thread"])
 def test_a_failing_or_hanging_forecaster_keeps_the_plan(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        decide_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bubblecast.runtime.control.job import launch_controlled
     from bubblecast.runtime.train_config import ModelSpec, TrainConfig
 
@@ -261,7 +263,7 @@ def test_a_failing_or_hanging_forecaster_keeps_the_plan(
     # 1 s: generous for the first call's immediate raise on a fresh thread, and still half the
     # 2 s the later calls hang for
     control = ControllerConfig(policy="predictive", every=5, timeout_s=1.0,
-                               forecaster=f"{__name__}:flaky_forecaster",
+                               decide_in=decide_in, forecaster=f"{__name__}:flaky_forecaster",
                                policy_params={"min_history": 4})  # live default: 30 steps
     s = launch_controlled(config, control, tmp_path / "flaky.parquet", timeout=240)
     reasons = [d["reason"] for d in s["decisions"]]

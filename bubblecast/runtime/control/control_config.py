@@ -12,6 +12,8 @@ from bubblecast.policy.cost import MigrationConstants
 from bubblecast.runtime.control.learned_lead import DEFAULT_RISE
 
 POLICY_NAMES = ("static", "reactive", "predictive")
+#: Where rank 0 decides (``ControllerConfig.decide_in``).
+DECIDE_IN = ("process", "thread")
 #: Runtime schedules the policies' pipeline model (bubblecast.sim) can time.
 CONTROLLABLE = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -37,6 +39,10 @@ class ControllerConfig:
     (:mod:`.lead`); no effect where no rank reports a temperature. ``lead_rise``: the rise of
     a covariate model's forecast that announces a slowdown not yet seen (the learned lead,
     :mod:`.learned_lead`; calibrate it with :func:`.learned_lead.calibrate_rise`).
+    ``decide_in``: where rank 0 decides while a step trains: ``process``, a worker process
+    at the lowest CPU priority (:mod:`.decision_process`), or ``thread``, a thread of the
+    training process (:mod:`.decision_thread`), which shares its interpreter lock; the static
+    policy, which computes nothing, always decides on the thread.
     """
 
     policy: str = "static"
@@ -55,6 +61,7 @@ class ControllerConfig:
     optimizer_factor: float = 2.0
     thermal_lead: bool = True
     lead_rise: float = DEFAULT_RISE
+    decide_in: str = "process"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -75,6 +82,9 @@ class ControllerConfig:
         if not (isinstance(self.lead_rise, (int, float)) and np.isfinite(self.lead_rise)
                 and self.lead_rise > 0):
             raise BubblecastError(f"--lead-rise: must be > 0, got {self.lead_rise!r}")
+        if self.decide_in not in DECIDE_IN:
+            raise BubblecastError(f"--decide-in: choose from {', '.join(DECIDE_IN)}, got "
+                                  f"'{self.decide_in}'")
         if not isinstance(self.history, int) or self.history < 16:
             raise BubblecastError(f"history: must be an integer >= 16, got {self.history!r}")
         if self.layer_costs not in ("measured", "uniform"):

@@ -147,6 +147,20 @@ class Decider:
         if self.lead is not None:
             self.lead.add(steps, temps, slowdown)
 
+    def advance(self, rows: np.ndarray, pending: Pending, plan: Any, step: int,
+                last_move: int | None, measured: list[dict[str, Any]] | None,
+                skip: Callable[[], bool] | None = None
+                ) -> tuple[Decision, dict[str, Any]] | None:
+        """One boundary: learn from new ``measured`` migrations, :meth:`observe` the gathered
+        ``rows`` and, unless ``skip()`` says the caller gave up on this decision (None then),
+        :meth:`decide` after ``step`` under ``plan``."""
+        if measured:
+            self.measured(measured)
+        self.observe(rows, pending)
+        if skip is not None and skip():
+            return None
+        return self.decide(plan, step, last_move)
+
     def decide(self, plan: Any, step: int, last_move: int | None
                ) -> tuple[Decision, dict[str, Any]]:
         """The decision after ``step`` (applied before ``step + 2``) and its record: the step

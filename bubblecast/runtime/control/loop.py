@@ -9,8 +9,10 @@ step trains:
    asynchronous ``all_gather`` of a small tensor (:mod:`.observe`) on a gloo group of the
    controller's own;
 2. **decide** (:meth:`Controller.before_step` of the next step): rank 0 hands the gathered
-   rows to its decision thread (:mod:`.decision_thread`), which adds them to the history and
-   asks the policy (:class:`.decide.Decider`) while the step trains;
+   rows to its decider (:class:`.decide.Decider`), which adds them to the history and asks the
+   policy while the step trains: in its worker process (:mod:`.decision_process`, the
+   default: ``ControllerConfig.decide_in``) or on a thread of the training process
+   (:mod:`.decision_thread`; always for the static policy, which computes nothing);
 3. **broadcast** (that step's :meth:`~Controller.after_step`): rank 0 collects the recorded
    ``Decision`` (waiting only for what is not done, at most until the deadline; none in time:
    keep the plan, saying why) and the action leaves it as a small tensor, asynchronously
@@ -38,6 +40,7 @@ from bubblecast.policy.actions import Action, Repartition
 from bubblecast.policy.decision import Decision
 from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.control.decide import Decider, DeciderFactory, Pending, unavailable
+from bubblecast.runtime.control.decision_process import DecisionProcess
 from bubblecast.runtime.control.decision_thread import DecisionThread, Ticket
 from bubblecast.runtime.control.forecasters import ForecastUnavailable
 from bubblecast.runtime.control.observe import StepProbe, pack
@@ -110,13 +113,20 @@ class Controller:
         self._src = 0 if ranks is None else ranks[0]
         self.group = dist.new_group(ranks=ranks, backend="gloo")  # control traffic, CPU
         self.param_bytes = self._gather_param_bytes()
-        self.decider = Decider(config, trainer.plan, self.param_bytes, decider) \
-            if self.rank == 0 else None
-        self.thread = DecisionThread(config.timeout_s) if self.rank == 0 else None
+        self.decider: Decider | None = None  # rank 0, deciding on a thread
+        self.thread: DecisionThread | None = None
+        self.process: DecisionProcess | None = None  # rank 0, deciding in a worker process
+        if self.rank == 0 and config.decide_in == "process" and config.policy != "static":
+            self.process = DecisionProcess(config, trainer.plan, self.param_bytes, decider)
+        elif self.rank == 0:
+            self.decider = Decider(config, trainer.plan, self.param_bytes, decider)
+            self.thread = DecisionThread(config.timeout_s)
 
     @property
     def note(self) -> str | None:
         """What rank 0 decides with (forecaster, service), for the summary."""
+        if self.process is not None:
+            return self.process.note
         return None if self.decider is None else self.decider.note
 
     # -- the loop ---------------------------------------------------------------------------
@@ -177,42 +187,34 @@ class Controller:
         return _Gathering(work, out, list(self._pending))
 
     def submit(self, gathering: _Gathering, step: int) -> _Deciding:
-        """Wait for the gathered rows; rank 0 queues observe-then-decide on its decision
-        thread, as the decision after ``step`` (collected after it), under the plan in
-        force."""
+        """Wait for the gathered rows; rank 0 hands observe-then-decide to its decider (its
+        process or thread), as the decision after ``step`` (collected after it), under the
+        plan in force."""
         gathering.work.wait()
         t = self.trainer
         observed = gathering.pending[-1][0] if gathering.pending else None
-        if self.decider is None:
+        if self.rank != 0:
             return _Deciding(None, step, observed)
         rows = torch.stack(gathering.out).numpy()
         measured, self._measured = self._measured, None
-        assert self.thread is not None
-        ticket = self.thread.submit(self._decide, rows, gathering.pending, t.plan, step,
-                                    self._last_move, measured)
+        args = (rows, gathering.pending, t.plan, step, self._last_move, measured)
+        if self.process is not None:
+            return _Deciding(self.process.submit(*args), step, observed)
+        assert self.thread is not None and self.decider is not None
+        decider = self.decider
+        ticket = self.thread.submit(
+            lambda ticket, *a: decider.advance(*a, skip=lambda: ticket.abandoned), *args)
         return _Deciding(ticket, step, observed)
-
-    def _decide(self, ticket: Ticket, rows: np.ndarray, pending: Pending, plan: Any, step: int,
-                last_move: int | None, measured: list[dict[str, Any]] | None
-                ) -> tuple[Decision, dict[str, Any]] | None:
-        """On the decision thread: learn from new migrations, add the rows to the history
-        and, unless the caller already gave up on this decision, decide."""
-        assert self.decider is not None
-        if measured:
-            self.decider.measured(measured)
-        self.decider.observe(rows, pending)
-        if ticket.abandoned:
-            return None
-        return self.decider.decide(plan, step, last_move)
 
     def collect(self, deciding: _Deciding) -> tuple[Decision | None, dict[str, Any] | None]:
         """Rank 0: the decision and its record, or a decision to keep the plan saying why it
         did not come in time (None on the other ranks)."""
-        if deciding.ticket is None or self.thread is None:
+        runner = self.process or self.thread
+        if deciding.ticket is None or runner is None:
             return None, None
         t0 = time.perf_counter()
         try:
-            return self.thread.result(deciding.ticket)
+            return runner.result(deciding.ticket)
         except Exception as exc:  # noqa: BLE001 - never stop training over a decision
             why = str(exc) if isinstance(exc, ForecastUnavailable) else \
                 f"decision failed ({type(exc).__name__}: {exc})"
@@ -255,8 +257,8 @@ class Controller:
                 k: result.get(k) for k in ("ok", "seconds", "bytes", "layers_moved", "from",
                                            "to", "error")}
             self.decisions.append(record)
-            if result is not None and result["ok"] and result["bytes"] and self.decider:
-                self._measured = list(t.actions)  # the decision thread learns from them
+            if result is not None and result["ok"] and result["bytes"] and self.rank == 0:
+                self._measured = list(t.actions)  # the decider learns from them
         return result
 
     def finish(self) -> None:
@@ -316,7 +318,10 @@ class Controller:
         return boxes
 
     def close(self) -> None:
-        """Let the decision thread exit; close the external decider, if any."""
+        """Stop the decision process, or let the decision thread exit and close the external
+        decider, if any."""
+        if self.process is not None:
+            self.process.close()
         if self.thread is not None:
             self.thread.close()
         if self.decider is not None:

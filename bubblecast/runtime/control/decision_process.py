@@ -1,0 +1,195 @@
+"""Rank 0's decisions in a worker process: the :class:`~.decide.Decider` off the training process.
+
+:class:`DecisionProcess` builds the controller's :class:`~.decide.Decider` in a child process
+(the ``spawn`` start method: nothing of the training process's threads or process groups is
+inherited) and exchanges each boundary's decision with it over a pipe, as the live planner's
+worker does (:mod:`bubblecast.runtime.plan_worker`). The child keeps the run's history; each
+request carries only the boundary's gathered rows, and each answer is the recorded decision.
+It runs at the lowest CPU priority (``nice``): where cores are scarce it decides in the
+pipeline's idle time rather than taking a core from a training rank.
+
+Why a process and not a thread: a thread of the training process shares its interpreter lock.
+A decision is many small numpy calls (robust speeds, the model's features, the forecast guard,
+the solver), each taking the lock for a moment, and the training thread's Python between its
+kernels waits for it, so a deciding thread slows the step it overlaps by more than its own CPU
+time (measured on the results page, "Where rank 0 decides").
+
+Contract, the same as :class:`~.decision_thread.DecisionThread`'s:
+
+- requests are decided one at a time, in submission order;
+- :meth:`DecisionProcess.result` waits until ``timeout_s`` after the request's submission; a
+  request not answered by then is *abandoned* (:class:`ForecastUnavailable`) and its answer,
+  when it comes, is dropped;
+- while an abandoned request is still unanswered, the results of later ones are refused at
+  once (the same exception, saying so): a hung forecaster costs the training thread one
+  deadline, not one per boundary. The child still adds every later boundary to its history
+  once it returns;
+- a child that is gone (killed, crashed) is reported as the reason, at once, for every later
+  decision: training goes on under the current plan.
+
+Construction waits (up to ``start_timeout_s``) until the child has built its decider, so a
+forecaster's loading is paid once at start, as with the thread; the decider's own failures to
+build (an external decider that raises, say) are raised there, as the thread's would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import time
+from typing import Any
+
+from bubblecast.errors import BubblecastError
+from bubblecast.policy.speeds import ForecastUnavailable
+from bubblecast.runtime.control.decision_thread import Ticket
+
+__all__ = ["DECIDER_NICE", "DecisionProcess"]
+
+#: The decision process's CPU priority (``os.nice`` increment; 19 is the lowest).
+DECIDER_NICE = 19
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any pickling failure: send what it said
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _serve(conn: Any, build: tuple[Any, ...], nice: int) -> None:
+    """The child: build the decider, say so (``("ready", note)`` or ``("failed", exc)``), then
+    answer ``(seq, rows, pending, plan, step, last_move, measured)`` requests with
+    ``(seq, (decision, record) or None, error or None)`` until None or the pipe closes."""
+    from bubblecast.runtime.control.decide import Decider
+
+    if nice:
+        with contextlib.suppress(OSError):  # best effort: deciding runs either way
+            os.nice(nice)
+    try:
+        decider = Decider(*build)
+    except BaseException as exc:  # noqa: BLE001 - raised in the training process instead
+        conn.send(("failed", _portable(exc)))
+        return
+    conn.send(("ready", decider.note))
+    try:
+        while (item := conn.recv()) is not None:
+            seq, *args = item
+            try:
+                conn.send((seq, decider.advance(*args), None))
+            except Exception as exc:  # noqa: BLE001 - re-raised by result()
+                conn.send((seq, None, _portable(exc)))
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass
+    finally:
+        decider.close()
+
+
+class DecisionProcess:
+    """A :class:`~.decide.Decider` built from ``(config, plan, param_bytes, external)`` in a
+    child process (module docstring): :meth:`submit` a boundary, then :meth:`result` it."""
+
+    def __init__(self, config: Any, plan: Any, param_bytes: Any, external: Any = None,
+                 nice: int = DECIDER_NICE, start_timeout_s: float = 120.0) -> None:
+        if not config.timeout_s > 0:
+            raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got "
+                                  f"{config.timeout_s}")
+        self.timeout_s = float(config.timeout_s)
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(theirs, (config, plan, param_bytes,
+                                                                external), int(nice)),
+                                 name="bubblecast-decide", daemon=True)
+        self._proc.start()
+        theirs.close()
+        self._seq = 0
+        self._open: dict[int, Ticket] = {}  # submitted, not yet answered
+        self.note: str | None = self._ready(start_timeout_s)
+
+    def _ready(self, timeout_s: float) -> str | None:
+        """Wait for the child's decider; its note, or raise what building it raised."""
+        if not self._conn.poll(timeout_s):
+            self.close()
+            raise BubblecastError(f"the decision process did not start within {timeout_s:g} s")
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(timeout=5.0)
+            raise BubblecastError(f"the decision process exited while starting (exit code "
+                                  f"{self._proc.exitcode})") from None
+        if kind == "failed":
+            self.close()
+            raise value
+        return value
+
+    def gone(self) -> str | None:
+        """Why the child can decide no more (None while it runs)."""
+        code = self._proc.exitcode
+        return None if code is None else f"the decision process exited (exit code {code})"
+
+    def submit(self, *args: Any) -> Ticket:
+        """Queue the decision on ``(rows, pending, plan, step, last_move, measured)``
+        (:meth:`~.decide.Decider.advance`); returns at once with its ticket. A child that is
+        gone is reported by :meth:`result`."""
+        ticket = Ticket(submitted=time.monotonic())
+        self._seq += 1
+        if self.gone() is None:
+            with contextlib.suppress(OSError):
+                self._conn.send((self._seq, *args))
+                self._open[self._seq] = ticket
+        return ticket
+
+    def result(self, ticket: Ticket) -> Any:
+        """The decision and its record (an error in the child re-raised), waiting at most
+        until ``timeout_s`` after its submission; :class:`ForecastUnavailable` if it is not
+        answered by then, at once while an earlier abandoned request is unanswered, or when
+        the child is gone."""
+        self._drain(0.0)
+        if not ticket.done.is_set():
+            if not any(t is ticket for t in self._open.values()):
+                raise ForecastUnavailable(self.gone() or "the decision process closed its pipe")
+            if any(t.abandoned for t in self._open.values() if t is not ticket):
+                ticket.abandoned = True
+                raise ForecastUnavailable(f"the previous decision, abandoned after "
+                                          f"{self.timeout_s:g} s, is still running")
+            while not ticket.done.is_set():
+                left = ticket.submitted + self.timeout_s - time.monotonic()
+                if left <= 0:
+                    ticket.abandoned = True
+                    raise ForecastUnavailable(f"decision timed out after {self.timeout_s:g} s")
+                if not self._drain(left):
+                    raise ForecastUnavailable(self.gone() or
+                                              "the decision process closed its pipe")
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.value
+
+    def _drain(self, wait_s: float) -> bool:
+        """Read the answers that came (waiting up to ``wait_s`` for the first); False when the
+        child is gone."""
+        try:
+            while self._conn.poll(wait_s):
+                seq, value, error = self._conn.recv()
+                ticket = self._open.pop(seq, None)
+                if ticket is not None:
+                    ticket.value, ticket.error = value, error
+                    ticket.done.set()
+                wait_s = 0.0
+        except (EOFError, OSError):
+            self._proc.join(timeout=1.0)
+            self._open.clear()
+            return False
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the child (ask, then terminate)."""
+        with contextlib.suppress(OSError):
+            self._conn.send(None)
+        self._proc.join(timeout=timeout_s)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=timeout_s)
+        self._conn.close()
