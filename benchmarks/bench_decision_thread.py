@@ -1,17 +1,20 @@
-"""Where rank 0 decides: on its decision thread while a step trains, or inline (direct A/B).
+"""Where rank 0 decides: in its decision process or on its decision thread while a step
+trains, or inline on the training thread (direct A/B).
 
 One trainer (bench_live's pipeline: 2 CPU ranks under torchrun/gloo, MLP of 12 layers, 1F1B, 4
-micro-batches, no fault) with one controller running the predictive policy on a LightGBM model
+micro-batches, no fault) with two controllers running the predictive policy on a LightGBM model
 with device covariates (the learned lead's model of ``bench_live.py --learned``: trained here,
-or reused from ``--work``), decisions every :data:`EVERY` steps. Three arms, in interleaved
-blocks of ``--block`` steps (``benchmarks/_ab.py``: the order rotates every round, barriers
-around each block):
+or reused from ``--work``), one deciding in a worker process (``decide_in="process"``) and one
+on a thread (``decide_in="thread"``), decisions every :data:`EVERY` steps. Four arms, in
+interleaved blocks of ``--block`` steps (``benchmarks/_ab.py``: the order rotates every round,
+barriers around each block); in each block at most one controller observes boundaries:
 
-- ``off``: the controller disabled (no boundary observed): the reference;
-- ``thread``: ``Controller.before_step`` hands each decision to rank 0's decision thread
-  before the step and ``after_step`` collects it (``bubblecast run``'s path);
-- ``inline``: no ``before_step``, so ``after_step`` takes the decision itself on the training
-  thread (the controller's behaviour until commit 049e25a, less its thread per forecast call).
+- ``off``: both controllers disabled (no boundary observed): the reference;
+- ``process``: ``Controller.before_step`` hands each decision to rank 0's decision process
+  before the step and ``after_step`` collects it (``bubblecast run``'s default);
+- ``thread``: the same with the decision on a thread of the training process;
+- ``inline``: the thread's controller without ``before_step``, so ``after_step`` takes the
+  decision itself on the training thread (the controller's behaviour until commit 049e25a).
 
 Blocks are a multiple of :data:`EVERY` steps long, so each holds the same number of decisions;
 a decision observed at a block's last boundary is taken in the next block, in that block's way.
@@ -34,6 +37,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,9 @@ from _ab import is_worker, paired_summary, run_job, timed_rounds  # noqa: E402
 from bubblecast.runtime.shutdown import exit_process  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decision_thread.json"
-ARMS = ("off", "thread", "inline")
+ARMS = ("off", "process", "thread", "inline")
+#: The paired comparisons reported: ``(a, b)`` is a's step time against b's.
+PAIRS = (("process", "off"), ("thread", "off"), ("inline", "off"), ("thread", "process"))
 EVERY = 10
 #: Steps before the rounds: the model's features need 60 steps of history.
 WARMUP_STEPS = 80
@@ -64,19 +70,24 @@ def worker(job_dir: Path) -> None:
     init_distributed("gloo")
     torch.set_num_threads(1)
     trainer = Trainer(TrainConfig.from_json(job["config"]), group=dist.new_group(backend="gloo"))
-    ctl = Controller(trainer, ControllerConfig.from_json(job["control"]))
-    mode = {"thread": True}
+    control = ControllerConfig.from_json(job["control"])
+    ctls = {where: Controller(trainer, replace(control, decide_in=where))
+            for where in ("process", "thread")}
+    mode = {"before": True}
 
     def step() -> None:
-        if mode["thread"]:
-            ctl.before_step()
+        if mode["before"]:
+            for c in ctls.values():
+                c.before_step()
         trainer.train_step()
-        ctl.after_step()
+        for c in ctls.values():
+            c.after_step()
 
     def arm(name: str) -> tuple[Any, Any]:
         def enter() -> None:
-            ctl.enabled = name != "off"
-            mode["thread"] = name != "inline"
+            ctls["process"].enabled = name == "process"
+            ctls["thread"].enabled = name in ("thread", "inline")
+            mode["before"] = name != "inline"
         return enter, (lambda: None)
 
     for _ in range(WARMUP_STEPS):
@@ -84,31 +95,33 @@ def worker(job_dir: Path) -> None:
     sync = dist.new_group(backend="gloo")
     times = timed_rounds({n: arm(n) for n in ARMS}, step, job["rounds"], job["block"],
                          lambda: dist.barrier(group=sync))
-    ctl.finish()
-    stats = ctl.gather_stats()
+    for c in ctls.values():
+        c.finish()
+    stats = {where: c.gather_stats() for where, c in ctls.items()}
     if dist.get_rank() == 0:
         moves = [a for a in trainer.actions if a.get("ok") and a.get("from") != a.get("to")]
         (job_dir / "result.json").write_text(json.dumps({
             "wall": {n: times[n]["wall"] for n in ARMS}, "control": stats,
-            "latency_s": [d["latency_s"] for d in ctl.decisions],
-            "reasons": [d["reason"] for d in ctl.decisions], "forecaster": ctl.note,
+            "latency_s": {w: [d["latency_s"] for d in c.decisions] for w, c in ctls.items()},
+            "reasons": [d["reason"] for c in ctls.values() for d in c.decisions],
+            "forecaster": ctls["process"].note,
             "moves": [{"step": a["step"], "to": a["to"]} for a in moves]}, default=float))
-    ctl.close()
+    for c in ctls.values():
+        c.close()
     dist.destroy_process_group()
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
     """Per arm the median step; the paired overheads; the decisions' latency and failures."""
     wall = res["wall"]
-    lat = sorted(1e3 * x for x in res["latency_s"])
+    lat = {w: sorted(1e3 * x for x in v) for w, v in res["latency_s"].items()}
     failed = [r for r in res["reasons"] if "failed" in r or "timed out" in r or "still running"
               in r]
     return {
         "step_ms": {n: 1e3 * statistics.median(wall[n]) for n in ARMS},
-        "thread_vs_off": paired_summary(wall["thread"], wall["off"]),
-        "inline_vs_off": paired_summary(wall["inline"], wall["off"]),
-        "inline_vs_thread": paired_summary(wall["inline"], wall["thread"]),
-        "decisions": len(lat), "decision_ms_median": statistics.median(lat) if lat else None,
+        **{f"{a}_vs_{b}": paired_summary(wall[a], wall[b]) for a, b in PAIRS},
+        "decisions": sum(len(v) for v in lat.values()),
+        "decision_ms_median": {w: statistics.median(v) if v else None for w, v in lat.items()},
         "decisions_failed": len(failed), "moves": res["moves"], "forecaster": res["forecaster"],
     }
 
@@ -117,13 +130,14 @@ def report(s: dict[str, Any], rounds: int, block: int) -> None:
     print(f"{rounds} rounds x {block} steps per arm; median step "
           + ", ".join(f"{n} {v:.2f} ms" for n, v in s["step_ms"].items()))
     print(f"{'comparison':>17} {'median % (95% CI)':>26} {'total % (95% CI)':>26}")
-    for key in ("thread_vs_off", "inline_vs_off", "inline_vs_thread"):
+    for key in (f"{a}_vs_{b}" for a, b in PAIRS):
         r = s[key]
         print(f"{key:>17} " + " ".join(
             f"{r[m]:+7.2f} ({r[ci][0]:+.2f}..{r[ci][1]:+.2f})".rjust(26)
             for m, ci in (("median_pct", "ci95_pct"), ("total_pct", "total_ci95_pct"))))
-    print(f"decisions {s['decisions']} (median {s['decision_ms_median']:.2f} ms, "
-          f"{s['decisions_failed']} failed or late), layer moves {len(s['moves'])}")
+    median = ", ".join(f"{w} {v:.2f} ms" for w, v in s["decision_ms_median"].items() if v)
+    print(f"decisions {s['decisions']} (median {median}; {s['decisions_failed']} failed or "
+          f"late), layer moves {len(s['moves'])}")
 
 
 def main() -> int:

@@ -81,6 +81,8 @@ QUICK = {"steps": 180, "start": 40, "ramp": 30, "end": 160}
 LEARNED = {"steps": 300, "start": 100, "ramp": 60, "end": 260}
 LEARNED_QUICK = {"steps": 200, "start": 100, "ramp": 30, "end": 180}
 TEST_LEAD = 30
+#: Steps of history the learned lead's model needs: its decisions forecast from then on.
+MODEL_HISTORY = 60
 #: The learned lead's training runs (``bubblecast collect --inject``): no lead, ramp or factor
 #: of the test fault (lead 30, ramp 60 or 30 in --quick, factor 2.0) is among them; the rank
 #: is (both ranks are).
@@ -332,6 +334,29 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "ahead_from_sign_mean_pct": 100.0 * ahead_of(ps, rs)}
 
 
+def decision_step_costs(runs: list[dict[str, Any]], every: int, start: int,
+                        first: int = MODEL_HISTORY) -> dict[str, dict[str, float]]:
+    """Per controlled policy, what its decisions cost the steps they run beside: on the plain
+    launches' steps ``first .. start - 1`` (the model forecasts, no fault, no move yet), the
+    mean extra milliseconds over static's step on the same step of the same launch, on the
+    steps a decision runs beside (``step % every == 0``: submitted before that step) and on
+    the others; plain means over runs."""
+    out: dict[str, dict[str, float]] = {}
+    idx = np.arange(first, start)
+    beside = idx % every == 0
+    for name in runs[0]["plain"]:
+        if name in ("static", ORACLE):
+            continue
+        on, off = [], []
+        for r in runs:
+            extra = 1e3 * (np.asarray(r["plain"][name]["step_s"])[idx]
+                           - np.asarray(r["plain"]["static"]["step_s"])[idx])
+            on.append(float(extra[beside].mean()))
+            off.append(float(extra[~beside].mean()))
+        out[name] = {"decision_step_ms": float(np.mean(on)), "other_step_ms": float(np.mean(off))}
+    return out
+
+
 def mean_policies(lead: list[dict[str, Any]]) -> dict[str, Any]:
     """Per policy, plain means over the lead runs (the first run's moves, every run's first
     response)."""
@@ -379,9 +404,14 @@ def run_learned(args: argparse.Namespace, argv: list[str] | None) -> int:
                         "not_in_training": ["lead", "ramp", "factor"],
                         "in_training": ["rank"]},
            "training": training, "policies": mean_policies([r["lead"] for r in runs]),
+           "decision_steps": decision_step_costs(runs, args.every, scale["start"]),
            "runs": runs, "goals": goals}
     write_json(out, doc)
     plot(runs[0]["lead"], scale, out.with_suffix(".png"))
+    for name, c in doc["decision_steps"].items():
+        print(f"{name}: a step beside a decision +{c['decision_step_ms']:.2f} ms over static's, "
+              f"other steps {c['other_step_ms']:+.2f} ms (plain ramp, steps {MODEL_HISTORY}-"
+              f"{scale['start'] - 1})")
     print(f"goals: {json.dumps(goals)}")
     print(f"wrote {out.with_suffix('.png')} ({doc['wall_s']:.0f} s in all)")
     return 0
@@ -421,7 +451,8 @@ def summarise(raw: dict[str, Any], scale: dict[str, int], every: int, lead: int 
             "control": r["control"], "forecaster": r["forecaster"],
             "reasons": [{"step": d["step"], "action": d["action"]["action"],
                          "reason": d["reason"], "speed_recent": d.get("speed_recent"),
-                         **{k: d[k] for k in ("lead", "fixed_s") if k in d}}
+                         **{k: d[k] for k in ("lead", "fixed_s", "learned_lead", "speed_plan",
+                                              "guard") if k in d}}
                         for d in r["decisions"]],
         }
     base = out["static"]

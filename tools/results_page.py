@@ -116,9 +116,9 @@ ABOUT = {
     "plan_worker": ("Where the live planner runs: the same `balance` plan computed on a thread "
                     "of the training process and in a worker process, A/B against no planning "
                     "on the packed GPT's steps.", "Live planner: thread or process"),
-    "decision_thread": ("Where rank 0 decides: on its decision thread while the step trains, "
-                        "or inline on the training thread, A/B against no controller on the "
-                        "same trainer.", "Live closed loop"),
+    "decision_thread": ("Where rank 0 decides: in its decision process or on its decision "
+                        "thread while the step trains, or inline on the training thread, A/B "
+                        "against no controller on the same trainer.", "Where rank 0 decides"),
     "plan_costs": ("The same steps' plans timed by their measured micro-batch costs (each run "
                    "in isolation on the real stages, composed by the engine) and by the learned "
                    "cost model.", "Plans: measured costs against the cost model"),
@@ -400,11 +400,14 @@ def r_decision_thread(doc: dict) -> list[str]:
              f"{s[key]['ci95_pct'][1]:+.2f})",
              f"{s[key]['total_pct']:+.2f}% ({s[key]['total_ci95_pct'][0]:+.2f}.."
              f"{s[key]['total_ci95_pct'][1]:+.2f})")
-            for key in ("thread_vs_off", "inline_vs_off", "inline_vs_thread")]
+            for key in s if "_vs_" in key]
     lines += table(["step time", "median of rounds (95% CI)", "ratio of totals (95% CI)"],
                    rows)
+    median = s["decision_ms_median"]
+    median = facts((k, fmt(v, ".2f") + " ms") for k, v in median.items()) \
+        if isinstance(median, dict) else fmt(median, ".2f") + " ms"
     lines += [f"Median step: {facts((k, fmt(v, '.2f') + ' ms') for k, v in s['step_ms'].items())}"
-              f"; {s['decisions']} decisions, median {fmt(s['decision_ms_median'], '.2f')} ms, "
+              f"; {s['decisions']} decisions, median {median}, "
               f"{s['decisions_failed']} failed or late; layer moves {len(s['moves'])}.", ""]
     return lines
 
