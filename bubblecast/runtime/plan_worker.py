@@ -26,8 +26,6 @@ runs the data loader's order and records why.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,13 +35,12 @@ import numpy as np
 from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
 from bubblecast.policy.work_policies import plan_action
 from bubblecast.policy.work_timing import predicted_plan_step
+from bubblecast.runtime.child_process import WORKER_NICE, lower_priority, start_child, stop_child
 
 #: One step's outcome: the plan (None on a failure), why it failed, the decision record.
 Planned = tuple[WorkPlan | None, str | None, dict[str, Any]]
 #: Steps of speed history the forecaster sees.
 HISTORY = 64
-#: The worker process's CPU priority (``os.nice`` increment; 19 is the lowest).
-WORKER_NICE = 19
 
 
 def plan_problem(plan: WorkPlan, lengths: np.ndarray, config: PlanConfig) -> str | None:
@@ -186,9 +183,7 @@ def _serve(conn: Any, worker: PlanWorker, nice: int) -> None:
     """The worker process: answer ``(step, newest ratios)`` requests
     (:meth:`PlanWorker.answer`) until None or the pipe closes (the training process is
     gone)."""
-    if nice:
-        with contextlib.suppress(OSError):  # best effort: planning runs either way
-            os.nice(nice)
+    lower_priority(nice)
     try:
         while True:
             item = conn.recv()
@@ -206,12 +201,7 @@ class PlanProcess:
     increment (0 keeps the training process's)."""
 
     def __init__(self, worker: PlanWorker, nice: int = WORKER_NICE) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(theirs, worker, int(nice)),
-                                 name="bubblecast-planner", daemon=True)
-        self._proc.start()
-        theirs.close()
+        self._conn, self._proc = start_child(_serve, (worker, int(nice)), "bubblecast-planner")
         self._done: dict[int, Planned] = {}
 
     def gone(self) -> str | None:
@@ -252,10 +242,4 @@ class PlanProcess:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the worker (ask, then terminate)."""
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout=timeout_s)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(timeout=timeout_s)
-        self._conn.close()
+        stop_child(self._conn, self._proc, timeout_s)

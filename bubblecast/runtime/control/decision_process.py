@@ -35,20 +35,19 @@ build (an external decider that raises, say) are raised there, as the thread's w
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
 import pickle
 import time
 from typing import Any
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.speeds import ForecastUnavailable
+from bubblecast.runtime.child_process import WORKER_NICE, lower_priority, start_child, stop_child
 from bubblecast.runtime.control.decision_thread import Ticket
 
 __all__ = ["DECIDER_NICE", "DecisionProcess"]
 
 #: The decision process's CPU priority (``os.nice`` increment; 19 is the lowest).
-DECIDER_NICE = 19
+DECIDER_NICE = WORKER_NICE
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -66,9 +65,7 @@ def _serve(conn: Any, build: tuple[Any, ...], nice: int) -> None:
     ``(seq, (decision, record) or None, error or None)`` until None or the pipe closes."""
     from bubblecast.runtime.control.decide import Decider
 
-    if nice:
-        with contextlib.suppress(OSError):  # best effort: deciding runs either way
-            os.nice(nice)
+    lower_priority(nice)
     try:
         decider = Decider(*build)
     except BaseException as exc:  # noqa: BLE001 - raised in the training process instead
@@ -98,13 +95,8 @@ class DecisionProcess:
             raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got "
                                   f"{config.timeout_s}")
         self.timeout_s = float(config.timeout_s)
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(theirs, (config, plan, param_bytes,
-                                                                external), int(nice)),
-                                 name="bubblecast-decide", daemon=True)
-        self._proc.start()
-        theirs.close()
+        self._conn, self._proc = start_child(
+            _serve, ((config, plan, param_bytes, external), int(nice)), "bubblecast-decide")
         self._seq = 0
         self._open: dict[int, Ticket] = {}  # submitted, not yet answered
         self.note: str | None = self._ready(start_timeout_s)
@@ -186,10 +178,4 @@ class DecisionProcess:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the child (ask, then terminate)."""
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout=timeout_s)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(timeout=timeout_s)
-        self._conn.close()
+        stop_child(self._conn, self._proc, timeout_s)
