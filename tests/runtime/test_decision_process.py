@@ -13,7 +13,7 @@ import pytest
 
 from bubblecast.runtime.control.control_config import ControllerConfig
 from bubblecast.runtime.control.decide import Decider
-from bubblecast.runtime.control.decision_process import DecisionProcess
+from bubblecast.runtime.control.decision_process import MAX_UNANSWERED, DecisionProcess
 from bubblecast.runtime.control.forecasters import ForecastUnavailable
 from bubblecast.runtime.control.observe import pack
 from bubblecast.runtime.plan import check_plan
@@ -110,6 +110,29 @@ def test_deadline_refusal_while_busy_and_a_gone_child(
         remote._proc.join(timeout=30)
         with pytest.raises(ForecastUnavailable, match="exited"):
             remote.result(remote.submit(*args[-1]))
+    finally:
+        remote.close()
+
+
+def test_a_hung_child_never_blocks_submission(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD, str(hold))
+    config = ControllerConfig(policy="predictive", every=EVERY, timeout_s=60.0,
+                              forecaster=f"{__name__}:held_forecaster",
+                              policy_params={"min_history": 4})
+    plan = check_plan("1f1b", 2, 4, LAYERS)
+    remote = DecisionProcess(config, plan, np.full(LAYERS, 1e3))
+    try:
+        tickets = [remote.submit(*boundary(b, plan), plan, (b + 1) * EVERY - 1, None, None)
+                   for b in range(MAX_UNANSWERED + 3)]
+        late = tickets[MAX_UNANSWERED:]
+        assert all(t.done.is_set() for t in late)  # answered at once, not sent
+        with pytest.raises(ForecastUnavailable, match=f"{MAX_UNANSWERED} decisions unanswered"):
+            remote.result(late[0])
+        hold.unlink()
+        assert remote.result(tickets[0])[1]["observed_through"] == EVERY - 1
     finally:
         remote.close()
 

@@ -25,7 +25,10 @@ Contract, the same as :class:`~.decision_thread.DecisionThread`'s:
   deadline, not one per boundary. The child still adds every later boundary to its history
   once it returns;
 - a child that is gone (killed, crashed) is reported as the reason, at once, for every later
-  decision: training goes on under the current plan.
+  decision: training goes on under the current plan;
+- at most :data:`MAX_UNANSWERED` requests wait in the pipe: beyond that (a child hung for
+  many boundaries) a boundary is not sent, and its result says so, so that sending never
+  blocks the training thread on a full pipe (the thread's queue has no bound; a pipe does).
 
 Construction waits (up to ``start_timeout_s``) until the child has built its decider, so a
 forecaster's loading is paid once at start, as with the thread; the decider's own failures to
@@ -44,10 +47,12 @@ from bubblecast.policy.speeds import ForecastUnavailable
 from bubblecast.runtime.child_process import WORKER_NICE, lower_priority, start_child, stop_child
 from bubblecast.runtime.control.decision_thread import Ticket
 
-__all__ = ["DECIDER_NICE", "DecisionProcess"]
+__all__ = ["DECIDER_NICE", "MAX_UNANSWERED", "DecisionProcess"]
 
 #: The decision process's CPU priority (``os.nice`` increment; 19 is the lowest).
 DECIDER_NICE = WORKER_NICE
+#: Requests sent and not yet answered, at most (each is a few kB; a pipe holds 64 kB).
+MAX_UNANSWERED = 8
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -128,7 +133,13 @@ class DecisionProcess:
         gone is reported by :meth:`result`."""
         ticket = Ticket(submitted=time.monotonic())
         self._seq += 1
-        if self.gone() is None:
+        self._drain(0.0)
+        if len(self._open) >= MAX_UNANSWERED:
+            ticket.error = ForecastUnavailable(
+                f"the decision process has {len(self._open)} decisions unanswered; this "
+                "boundary's telemetry was not sent to it")
+            ticket.done.set()
+        elif self.gone() is None:
             with contextlib.suppress(OSError):
                 self._conn.send((self._seq, *args))
                 self._open[self._seq] = ticket
