@@ -62,7 +62,7 @@ class _Gathering:
 
 @dataclass
 class _Deciding:
-    """A decision on rank 0's decision thread (``ticket`` None on the other ranks): the step
+    """A decision with rank 0's decider (``ticket`` None on the other ranks): the step
     it follows and the last step it observed."""
 
     ticket: Ticket | None
