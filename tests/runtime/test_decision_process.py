@@ -95,9 +95,13 @@ def test_deadline_refusal_while_busy_and_a_gone_child(
         with pytest.raises(ForecastUnavailable, match="abandoned after 0.2 s, is still running"):
             remote.result(queued)
         assert time.monotonic() - t0 < 0.15  # refused at once, not waited for
+        observed = remote.submit(*args[2])  # sent to be observed only, refused at submission
+        assert observed.done.is_set() and observed.abandoned
+        with pytest.raises(ForecastUnavailable, match="is still running"):
+            remote.result(observed)
         hold.unlink()
         remote.timeout_s = 60.0
-        for b in range(2, len(args)):  # refused until the released decisions are answered
+        for b in range(3, len(args)):  # refused until the released decisions are answered
             try:
                 decision, record = remote.result(remote.submit(*args[b]))
                 break

@@ -20,10 +20,10 @@ Contract, the same as :class:`~.decision_thread.DecisionThread`'s:
 - :meth:`DecisionProcess.result` waits until ``timeout_s`` after the request's submission; a
   request not answered by then is *abandoned* (:class:`ForecastUnavailable`) and its answer,
   when it comes, is dropped;
-- while an abandoned request is still unanswered, the results of later ones are refused at
-  once (the same exception, saying so): a hung forecaster costs the training thread one
-  deadline, not one per boundary. The child still adds every later boundary to its history
-  once it returns;
+- while an abandoned request is still unanswered, later ones are refused at once (the same
+  exception, saying so): a hung forecaster costs the training thread one deadline, not one
+  per boundary. They are still sent, marked observe-only: the child adds their boundaries to
+  its history once it returns, and decides nothing for them;
 - a child that is gone (killed, crashed) is reported as the reason, at once, for every later
   decision: training goes on under the current plan;
 - at most :data:`MAX_UNANSWERED` requests wait in the pipe: beyond that (a child hung for
@@ -64,10 +64,16 @@ def _portable(exc: BaseException) -> BaseException:
     return exc
 
 
+def _always() -> bool:
+    """An observe-only request's ``skip``: the decision is not wanted."""
+    return True
+
+
 def _serve(conn: Any, build: tuple[Any, ...], nice: int) -> None:
     """The child: build the decider, say so (``("ready", note)`` or ``("failed", exc)``), then
-    answer ``(seq, rows, pending, plan, step, last_move, measured)`` requests with
-    ``(seq, (decision, record) or None, error or None)`` until None or the pipe closes."""
+    answer ``(seq, observe_only, rows, pending, plan, step, last_move, measured)`` requests
+    with ``(seq, (decision, record) or None, error or None)`` until None or the pipe closes
+    (None, not a decision, for an observe-only request)."""
     from bubblecast.runtime.control.decide import Decider
 
     lower_priority(nice)
@@ -79,9 +85,10 @@ def _serve(conn: Any, build: tuple[Any, ...], nice: int) -> None:
     conn.send(("ready", decider.note))
     try:
         while (item := conn.recv()) is not None:
-            seq, *args = item
+            seq, observe_only, *args = item
             try:
-                conn.send((seq, decider.advance(*args), None))
+                skip = _always if observe_only else None
+                conn.send((seq, decider.advance(*args, skip=skip), None))
             except Exception as exc:  # noqa: BLE001 - re-raised by result()
                 conn.send((seq, None, _portable(exc)))
     except (EOFError, OSError, KeyboardInterrupt):
@@ -139,9 +146,16 @@ class DecisionProcess:
                 f"the decision process has {len(self._open)} decisions unanswered; this "
                 "boundary's telemetry was not sent to it")
             ticket.done.set()
-        elif self.gone() is None:
+            return ticket
+        busy = any(t.abandoned for t in self._open.values())
+        if busy:  # refused at once (module docstring), sent to be observed only
+            ticket.abandoned = True
+            ticket.error = ForecastUnavailable(f"the previous decision, abandoned after "
+                                               f"{self.timeout_s:g} s, is still running")
+            ticket.done.set()
+        if self.gone() is None:
             with contextlib.suppress(OSError):
-                self._conn.send((self._seq, *args))
+                self._conn.send((self._seq, busy, *args))
                 self._open[self._seq] = ticket
         return ticket
 
@@ -177,7 +191,7 @@ class DecisionProcess:
             while self._conn.poll(wait_s):
                 seq, value, error = self._conn.recv()
                 ticket = self._open.pop(seq, None)
-                if ticket is not None:
+                if ticket is not None and not ticket.done.is_set():
                     ticket.value, ticket.error = value, error
                     ticket.done.set()
                 wait_s = 0.0
