@@ -75,16 +75,23 @@ def test_the_process_decides_as_the_decider_in_process() -> None:
         remote.close()
 
 
-def test_deadline_refusal_while_busy_and_a_gone_child(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def held_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: float
+                 ) -> tuple[DecisionProcess, object, Path]:
+    """A decision process whose forecasts wait while the returned hold file exists (it
+    does), its plan, and the file."""
     hold = tmp_path / "hold"
     hold.touch()
     monkeypatch.setenv(HOLD, str(hold))  # the child inherits it
-    config = ControllerConfig(policy="predictive", every=EVERY, timeout_s=0.2,
+    config = ControllerConfig(policy="predictive", every=EVERY, timeout_s=timeout_s,
                               forecaster=f"{__name__}:held_forecaster",
                               policy_params={"min_history": 4})
     plan = check_plan("1f1b", 2, 4, LAYERS)
-    remote = DecisionProcess(config, plan, np.full(LAYERS, 1e3))
+    return DecisionProcess(config, plan, np.full(LAYERS, 1e3)), plan, hold
+
+
+def test_deadline_refusal_while_busy_and_a_gone_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    remote, plan, hold = held_process(tmp_path, monkeypatch, 0.2)
     try:
         args = [(*boundary(b, plan), plan, (b + 1) * EVERY - 1, None, None) for b in range(40)]
         hung = remote.submit(*args[0])
@@ -120,14 +127,7 @@ def test_deadline_refusal_while_busy_and_a_gone_child(
 
 def test_a_hung_child_never_blocks_submission(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    hold = tmp_path / "hold"
-    hold.touch()
-    monkeypatch.setenv(HOLD, str(hold))
-    config = ControllerConfig(policy="predictive", every=EVERY, timeout_s=60.0,
-                              forecaster=f"{__name__}:held_forecaster",
-                              policy_params={"min_history": 4})
-    plan = check_plan("1f1b", 2, 4, LAYERS)
-    remote = DecisionProcess(config, plan, np.full(LAYERS, 1e3))
+    remote, plan, hold = held_process(tmp_path, monkeypatch, 60.0)
     try:
         tickets = [remote.submit(*boundary(b, plan), plan, (b + 1) * EVERY - 1, None, None)
                    for b in range(MAX_UNANSWERED + 3)]
