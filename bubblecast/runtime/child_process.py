@@ -10,6 +10,7 @@ that talks to the training process over a pipe, as a data loader's worker proces
 - :func:`lower_priority` is the child's first call: the lowest CPU priority, so that where
   cores are scarce it works in the pipeline's idle time rather than taking a core from a
   training rank (best effort: it works either way);
+- :func:`exit_reason` says why a child that is gone can work no more;
 - :func:`stop_child` asks it to exit (``None`` down the pipe), then terminates it.
 """
 
@@ -21,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WORKER_NICE", "lower_priority", "start_child", "stop_child"]
+__all__ = ["WORKER_NICE", "exit_reason", "lower_priority", "start_child", "stop_child"]
 
 #: A worker process's CPU priority (``os.nice`` increment; 19 is the lowest).
 WORKER_NICE = 19
@@ -43,6 +44,13 @@ def lower_priority(nice: int) -> None:
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
+
+
+def exit_reason(proc: Any, what: str) -> str | None:
+    """Why the ``what`` child can work no more (``"the planner process exited (exit code
+    -9)"``), None while it runs."""
+    code = proc.exitcode
+    return None if code is None else f"the {what} process exited (exit code {code})"
 
 
 def stop_child(conn: Any, proc: Any, timeout_s: float = 5.0) -> None:

@@ -35,7 +35,13 @@ import numpy as np
 from bubblecast.policy.work_plan import TOKENS, PlanConfig, WorkPlan, plan_batch, plan_static
 from bubblecast.policy.work_policies import plan_action
 from bubblecast.policy.work_timing import predicted_plan_step
-from bubblecast.runtime.child_process import WORKER_NICE, lower_priority, start_child, stop_child
+from bubblecast.runtime.child_process import (
+    WORKER_NICE,
+    exit_reason,
+    lower_priority,
+    start_child,
+    stop_child,
+)
 
 #: One step's outcome: the plan (None on a failure), why it failed, the decision record.
 Planned = tuple[WorkPlan | None, str | None, dict[str, Any]]
@@ -206,8 +212,7 @@ class PlanProcess:
 
     def gone(self) -> str | None:
         """Why the worker can plan no more (None while it runs)."""
-        code = self._proc.exitcode
-        return None if code is None else f"the planner process exited (exit code {code})"
+        return exit_reason(self._proc, "planner")
 
     def request(self, step: int, newest: np.ndarray | None = None) -> None:
         """Queue step ``step``, with the ranks' newest speed ratios (None: none since the

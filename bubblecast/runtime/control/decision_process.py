@@ -44,8 +44,14 @@ from typing import Any
 
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.speeds import ForecastUnavailable
-from bubblecast.runtime.child_process import WORKER_NICE, lower_priority, start_child, stop_child
-from bubblecast.runtime.control.decision_thread import Ticket
+from bubblecast.runtime.child_process import (
+    WORKER_NICE,
+    exit_reason,
+    lower_priority,
+    start_child,
+    stop_child,
+)
+from bubblecast.runtime.control.decision_thread import Ticket, still_running, timed_out
 
 __all__ = ["DECIDER_NICE", "MAX_UNANSWERED", "DecisionProcess"]
 
@@ -103,9 +109,6 @@ class DecisionProcess:
 
     def __init__(self, config: Any, plan: Any, param_bytes: Any, external: Any = None,
                  nice: int = DECIDER_NICE, start_timeout_s: float = 120.0) -> None:
-        if not config.timeout_s > 0:
-            raise BubblecastError(f"--forecast-timeout: must be > 0 seconds, got "
-                                  f"{config.timeout_s}")
         self.timeout_s = float(config.timeout_s)
         self._conn, self._proc = start_child(
             _serve, ((config, plan, param_bytes, external), int(nice)), "bubblecast-decide")
@@ -131,8 +134,7 @@ class DecisionProcess:
 
     def gone(self) -> str | None:
         """Why the child can decide no more (None while it runs)."""
-        code = self._proc.exitcode
-        return None if code is None else f"the decision process exited (exit code {code})"
+        return exit_reason(self._proc, "decision")
 
     def submit(self, *args: Any) -> Ticket:
         """Queue the decision on ``(rows, pending, plan, step, last_move, measured)``
@@ -147,11 +149,10 @@ class DecisionProcess:
                 "boundary's telemetry was not sent to it")
             ticket.done.set()
             return ticket
-        busy = any(t.abandoned for t in self._open.values())
+        busy = self._behind_abandoned(ticket)
         if busy:  # refused at once (module docstring), sent to be observed only
             ticket.abandoned = True
-            ticket.error = ForecastUnavailable(f"the previous decision, abandoned after "
-                                               f"{self.timeout_s:g} s, is still running")
+            ticket.error = still_running(self.timeout_s)
             ticket.done.set()
         if self.gone() is None:
             with contextlib.suppress(OSError):
@@ -168,21 +169,24 @@ class DecisionProcess:
         if not ticket.done.is_set():
             if not any(t is ticket for t in self._open.values()):
                 raise ForecastUnavailable(self.gone() or "the decision process closed its pipe")
-            if any(t.abandoned for t in self._open.values() if t is not ticket):
+            if self._behind_abandoned(ticket):
                 ticket.abandoned = True
-                raise ForecastUnavailable(f"the previous decision, abandoned after "
-                                          f"{self.timeout_s:g} s, is still running")
+                raise still_running(self.timeout_s)
             while not ticket.done.is_set():
                 left = ticket.submitted + self.timeout_s - time.monotonic()
                 if left <= 0:
                     ticket.abandoned = True
-                    raise ForecastUnavailable(f"decision timed out after {self.timeout_s:g} s")
+                    raise timed_out(self.timeout_s)
                 if not self._drain(left):
                     raise ForecastUnavailable(self.gone() or
                                               "the decision process closed its pipe")
         if ticket.error is not None:
             raise ticket.error
         return ticket.value
+
+    def _behind_abandoned(self, ticket: Ticket) -> bool:
+        """Whether another request still unanswered was abandoned."""
+        return any(t.abandoned for t in self._open.values() if t is not ticket)
 
     def _drain(self, wait_s: float) -> bool:
         """Read the answers that came (waiting up to ``wait_s`` for the first); False when the

@@ -32,7 +32,18 @@ from typing import Any
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.speeds import ForecastUnavailable
 
-__all__ = ["DecisionThread", "Ticket"]
+__all__ = ["DecisionThread", "Ticket", "still_running", "timed_out"]
+
+
+def timed_out(timeout_s: float) -> ForecastUnavailable:
+    """The refusal of a decision not done ``timeout_s`` after its submission."""
+    return ForecastUnavailable(f"decision timed out after {timeout_s:g} s")
+
+
+def still_running(timeout_s: float) -> ForecastUnavailable:
+    """The refusal of a decision queued behind one abandoned after ``timeout_s``."""
+    return ForecastUnavailable(f"the previous decision, abandoned after {timeout_s:g} s, is "
+                               "still running")
 
 
 @dataclass
@@ -79,12 +90,11 @@ class DecisionThread:
         if not ticket.done.is_set() and running is not None and running is not ticket \
                 and running.abandoned:
             ticket.abandoned = True
-            raise ForecastUnavailable(f"the previous decision, abandoned after "
-                                      f"{self.timeout_s:g} s, is still running")
+            raise still_running(self.timeout_s)
         left = ticket.submitted + self.timeout_s - time.monotonic()
         if not ticket.done.wait(max(left, 0.0)):
             ticket.abandoned = True
-            raise ForecastUnavailable(f"decision timed out after {self.timeout_s:g} s")
+            raise timed_out(self.timeout_s)
         if ticket.error is not None:
             raise ticket.error
         return ticket.value
