@@ -53,10 +53,8 @@ from bubblecast.runtime.child_process import (
 )
 from bubblecast.runtime.control.decision_thread import Ticket, still_running, timed_out
 
-__all__ = ["DECIDER_NICE", "MAX_UNANSWERED", "DecisionProcess"]
+__all__ = ["MAX_UNANSWERED", "DecisionProcess"]
 
-#: The decision process's CPU priority (``os.nice`` increment; 19 is the lowest).
-DECIDER_NICE = WORKER_NICE
 #: Requests sent and not yet answered, at most (each is a few kB; a pipe holds 64 kB).
 MAX_UNANSWERED = 8
 
@@ -108,7 +106,7 @@ class DecisionProcess:
     child process (module docstring): :meth:`submit` a boundary, then :meth:`result` it."""
 
     def __init__(self, config: Any, plan: Any, param_bytes: Any, external: Any = None,
-                 nice: int = DECIDER_NICE, start_timeout_s: float = 120.0) -> None:
+                 nice: int = WORKER_NICE, start_timeout_s: float = 120.0) -> None:
         self.timeout_s = float(config.timeout_s)
         self._conn, self._proc = start_child(
             _serve, ((config, plan, param_bytes, external), int(nice)), "bubblecast-decide")
