@@ -97,11 +97,10 @@ def worker(job_dir: Path) -> None:
                          lambda: dist.barrier(group=sync))
     for c in ctls.values():
         c.finish()
-    stats = {where: c.gather_stats() for where, c in ctls.items()}
     if dist.get_rank() == 0:
         moves = [a for a in trainer.actions if a.get("ok") and a.get("from") != a.get("to")]
         (job_dir / "result.json").write_text(json.dumps({
-            "wall": {n: times[n]["wall"] for n in ARMS}, "control": stats,
+            "wall": {n: times[n]["wall"] for n in ARMS},
             "latency_s": {w: [d["latency_s"] for d in c.decisions] for w, c in ctls.items()},
             "reasons": [d["reason"] for c in ctls.values() for d in c.decisions],
             "forecaster": ctls["process"].note,
@@ -115,8 +114,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     """Per arm the median step; the paired overheads; the decisions' latency and failures."""
     wall = res["wall"]
     lat = {w: sorted(1e3 * x for x in v) for w, v in res["latency_s"].items()}
-    failed = [r for r in res["reasons"] if "failed" in r or "timed out" in r or "still running"
-              in r]
+    failed = [r for r in res["reasons"] if any(
+        w in r for w in ("failed", "timed out", "still running", "unanswered"))]
     return {
         "step_ms": {n: 1e3 * statistics.median(wall[n]) for n in ARMS},
         **{f"{a}_vs_{b}": paired_summary(wall[a], wall[b]) for a, b in PAIRS},
@@ -135,7 +134,8 @@ def report(s: dict[str, Any], rounds: int, block: int) -> None:
         print(f"{key:>17} " + " ".join(
             f"{r[m]:+7.2f} ({r[ci][0]:+.2f}..{r[ci][1]:+.2f})".rjust(26)
             for m, ci in (("median_pct", "ci95_pct"), ("total_pct", "total_ci95_pct"))))
-    median = ", ".join(f"{w} {v:.2f} ms" for w, v in s["decision_ms_median"].items() if v)
+    median = ", ".join(f"{w} {v:.2f} ms" for w, v in s["decision_ms_median"].items()
+                       if v is not None)
     print(f"decisions {s['decisions']} (median {median}; {s['decisions_failed']} failed or "
           f"late), layer moves {len(s['moves'])}")
 

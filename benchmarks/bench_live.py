@@ -97,8 +97,8 @@ TRAIN_STEPS = 250
 FALSE_ALARM = 0.05
 #: Horizons of the learned lead's model (a trial with 40 added did worse: see the notes).
 HORIZONS = "1,5,10,20"
-#: Deadline of one model forecast in the live loop (the pandas feature path on a busy
-#: machine takes tens to hundreds of milliseconds).
+#: Deadline of one decision with the model in the live loop (--forecast-timeout; a decision
+#: takes a few milliseconds, generous here so that a busy machine drops none).
 MODEL_TIMEOUT_S = 5.0
 PHASES = ("gather_s", "submit_s", "decide_s", "broadcast_s")
 
@@ -409,7 +409,7 @@ def run_learned(args: argparse.Namespace, argv: list[str] | None) -> int:
     write_json(out, doc)
     plot(runs[0]["lead"], scale, out.with_suffix(".png"))
     for name, c in doc["decision_steps"].items():
-        print(f"{name}: a step beside a decision +{c['decision_step_ms']:.2f} ms over static's, "
+        print(f"{name}: a step beside a decision {c['decision_step_ms']:+.2f} ms over static's, "
               f"other steps {c['other_step_ms']:+.2f} ms (plain ramp, steps {MODEL_HISTORY}-"
               f"{scale['start'] - 1})")
     print(f"goals: {json.dumps(goals)}")

@@ -403,9 +403,7 @@ def r_decision_thread(doc: dict) -> list[str]:
             for key in s if "_vs_" in key]
     lines += table(["step time", "median of rounds (95% CI)", "ratio of totals (95% CI)"],
                    rows)
-    median = s["decision_ms_median"]
-    median = facts((k, fmt(v, ".2f") + " ms") for k, v in median.items()) \
-        if isinstance(median, dict) else fmt(median, ".2f") + " ms"
+    median = facts((k, fmt(v, ".2f") + " ms") for k, v in s["decision_ms_median"].items())
     lines += [f"Median step: {facts((k, fmt(v, '.2f') + ' ms') for k, v in s['step_ms'].items())}"
               f"; {s['decisions']} decisions, median {median}, "
               f"{s['decisions_failed']} failed or late; layer moves {len(s['moves'])}.", ""]
