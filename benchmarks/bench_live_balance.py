@@ -345,7 +345,7 @@ def op_spread(a_events: Any, b_events: Any) -> dict[str, float]:
     """Over the compute ops both runs ran (same step, rank, micro-batch and kind: the same
     work), the spread ``|a - b| / (a + b)`` of their seconds: its median and its 80th
     percentile, the floor under any cost model's p90 error (see the module doc)."""
-    keys = ["step", "rank", "microbatch", "op"]
+    keys = ["step", "rank", "stage", "microbatch", "op"]  # stage: virtual stages of a rank
     frames = []
     for events in (a_events, b_events):
         f = events.frame

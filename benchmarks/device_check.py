@@ -12,11 +12,17 @@
     ``torch.profiler`` at once, imports the Kineto trace with the bubblecast importer (device
     timing: kernel spans) and compares its per-op durations with the recorder's.
 
-    python benchmarks/device_check.py [--size 4096] [--reps 30]
+(iii) The packed GPT on the device (``device_check_packed.py``): its cost against the
+    micro-batch's documents, the learned cost model's error on a held-out recorded run beside
+    the floor run-to-run noise puts under it, and the NVML device metrics the recorder sampled
+    with the covariate features ``dataset --covariates auto`` builds from them.
+
+    python benchmarks/device_check.py [--size 4096] [--reps 30] [--out PATH]
     python benchmarks/device_check.py --cpu     # dry run of the same code on CPU (no JSON)
 
-Prints a table and writes benchmarks/results/device_check.json. Without a CUDA device it
-exits with a message and writes nothing.
+Prints a table and writes benchmarks/results/device_check.json (after every section: a run
+cut short keeps what it measured; a failed section is kept as its error and the check exits
+1). Without a CUDA device it exits with a message and writes nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "device_check.json"
+SECTIONS = ("kernel", "pipeline", "packed")
 
 
 def _stage_of(fn: Any) -> Any:
@@ -122,6 +129,12 @@ def kernel_check(device: Any, size: int, reps: int, chain: int) -> dict[str, Any
                      for k, v in ways.items()}}
 
 
+def backend_for(device: Any) -> str:
+    """NCCL on CUDA (the virtual stages of one rank exchange shapes and activations through
+    point-to-point sends to itself, which torch 2.11's gloo refuses), gloo on CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def _pipeline(device: Any, hidden: int, layers: int) -> tuple[Any, Any, Any, Any]:
     """A ``layers``-layer MLP as four virtual stages of one rank; schedule, optimizer."""
     import torch
@@ -148,7 +161,7 @@ def pipeline_check(device: Any, hidden: int, layers: int, steps: int, tmp: Path
     import bubblecast
 
     store = dist.FileStore(str(tmp / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    dist.init_process_group(backend_for(device), store=store, rank=0, world_size=1)
     try:
         stages, schedule, opt, dtype = _pipeline(device, hidden, layers)
         x = torch.randn(64, hidden, device=device, dtype=dtype)
@@ -190,12 +203,15 @@ def pipeline_check(device: Any, hidden: int, layers: int, steps: int, tmp: Path
             "kineto_schedule": imp_meta.schedule, "ops": ops}
 
 
-def _print(kernel: dict[str, Any], pipe: dict[str, Any]) -> None:
+def _print_kernel(kernel: dict[str, Any]) -> None:
     print(f"(i) {kernel['kernel']}, {kernel['reps']} reps; reference: {kernel['reference']}")
     print(f"  {'way':<34} {'median ms':>10} {'min':>8} {'max':>8} {'x ref':>7}")
     for name, w in kernel["ways"].items():
         print(f"  {name:<34} {w['median_ms']:>10.3f} {w['min_ms']:>8.3f} {w['max_ms']:>8.3f} "
               f"{w['ratio_to_reference']:>7.3f}")
+
+
+def _print_pipeline(pipe: dict[str, Any]) -> None:
     print(f"(ii) {pipe['model']}, {pipe['steps']} steps: recorder timing "
           f"{pipe['recorder_timing']}, Kineto import timing {pipe['kineto_timing']} "
           f"(schedule {pipe['kineto_schedule']})")
@@ -203,6 +219,20 @@ def _print(kernel: dict[str, Any], pipe: dict[str, Any]) -> None:
     for op, o in pipe["ops"].items():
         print(f"  {op:<4} {o['recorder_median_ms']:>12.3f} {o['recorded_ops']:>5} "
               f"{o['kineto_median_ms']:>10.3f} {o['kineto_ops']:>5} {o['ratio']:>7.3f}")
+
+
+def _section(results: dict[str, Any], name: str, fn: Any, write: Any) -> None:
+    """Run one section into ``results[name]``; a failure is kept as its ``error`` (beside what
+    the section kept before failing), printed, and makes the check exit 1 at the end (the
+    other sections still run)."""
+    try:
+        results[name] = fn()
+    except Exception as exc:  # noqa: BLE001 - reported, never swallowed
+        import traceback
+
+        traceback.print_exc()
+        results[name] = {**results.get(name, {}), "error": f"{type(exc).__name__}: {exc}"}
+    write()
 
 
 def main() -> None:
@@ -213,8 +243,17 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--packed-steps", type=int, default=40,
+                    help="steps of each recorded packed-GPT run in (iii)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (written after "
+                    "every section, so a run cut short keeps what it measured)")
+    ap.add_argument("--sections", default="kernel,pipeline,packed",
+                    help="comma-separated sections to run (default: all three)")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU (no device, no JSON)")
     args = ap.parse_args()
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if unknown := sorted(set(wanted) - set(SECTIONS)):
+        ap.error(f"--sections: unknown {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -224,21 +263,46 @@ def main() -> None:
     device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
     if args.cpu:
         args.size, args.hidden = min(args.size, 256), min(args.hidden, 256)
+        args.packed_steps = min(args.packed_steps, 26)
         torch.set_num_threads(1)
-    kernel = kernel_check(device, args.size, args.reps, args.chain)
-    with tempfile.TemporaryDirectory() as tmp:
-        pipe = pipeline_check(device, args.hidden, args.layers, args.steps, Path(tmp))
-    _print(kernel, pipe)
-    if args.cpu:
-        return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
     from _results import run_header, write_json
+    from device_check_packed import packed_check, print_packed
 
-    header = run_header("device_check", device=torch.cuda.get_device_name(device),
-                        torch=torch.__version__, cuda=torch.version.cuda)
-    header["command"] = "python benchmarks/device_check.py " + " ".join(sys.argv[1:])
-    write_json(RESULTS, {**header, "kernel": kernel, "pipeline": pipe})
+    doc: dict[str, Any] = run_header(
+        "device_check", device="cpu (dry run)" if args.cpu else torch.cuda.get_device_name(device),
+        torch=torch.__version__, cuda=torch.version.cuda)
+    doc["command"] = "python benchmarks/device_check.py " + " ".join(sys.argv[1:])
 
+    def write() -> None:
+        if not args.cpu:
+            write_json(args.out, doc)
+
+    runs = {"kernel": lambda: kernel_check(device, args.size, args.reps, args.chain),
+            "pipeline": lambda: pipeline_check(device, args.hidden, args.layers, args.steps,
+                                               Path(tmp)),
+            "packed": lambda: packed_check(device, args.packed_steps, max(3, args.reps // 3),
+                                           Path(tmp), keep=keep_packed)}
+
+    def keep_packed(partial: dict[str, Any]) -> None:
+        doc["packed"] = {**partial, "complete": False}
+        write()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in wanted:
+            print(f"[{time.strftime('%H:%M:%S')}] section {name}", flush=True)
+            _section(doc, name, runs[name], write)
+    failed = [k for k in wanted if "error" in doc[k]]
+    if "kernel" in wanted and "error" not in doc["kernel"]:
+        _print_kernel(doc["kernel"])
+    if "pipeline" in wanted and "error" not in doc["pipeline"]:
+        _print_pipeline(doc["pipeline"])
+    if "packed" in wanted and "error" not in doc["packed"]:
+        print_packed(doc["packed"])
+    if failed:
+        sys.exit(f"device_check: section(s) {', '.join(failed)} failed (errors above and in "
+                 "the JSON)")
 
 if __name__ == "__main__":
     main()
