@@ -30,12 +30,15 @@ import glob
 import os
 import queue
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 Row = tuple[int, str, float]  # (step, metric, value)
+#: Seconds :meth:`DeviceSampler.close` waits for a reading in progress.
+CLOSE_TIMEOUT_S = 5.0
 #: The device metric of the slowdown (throttle) temperature: NVML's, or the emulated device's.
 SLOWDOWN_METRIC = "temperature_slowdown_c"
 
@@ -146,9 +149,15 @@ class DeviceSampler:
         return rows
 
     def close(self) -> None:
+        """Stop the thread. A reading stuck for :data:`CLOSE_TIMEOUT_S` (a hung driver call)
+        is left behind (a daemon thread) with a warning: closing never hangs the job."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            self._thread.join(CLOSE_TIMEOUT_S)
+            if self._thread.is_alive():
+                warnings.warn(f"device sampler: a reading did not return within "
+                              f"{CLOSE_TIMEOUT_S:g} s; its thread is left behind and its rows "
+                              f"are not recorded", RuntimeWarning, stacklevel=2)
             self._thread = None
 
 

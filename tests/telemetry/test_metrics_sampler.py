@@ -53,3 +53,19 @@ def test_cpu_sampling_runs_off_the_training_thread(tmp_path):
     if not cpu_readings():
         pytest.skip("this machine offers no CPU readings")
     assert sorted(frame["step"].unique()) == [0, 5, 10]
+
+
+def test_close_leaves_a_stuck_reading_behind_with_a_warning(monkeypatch):
+    """A sensor call that never returns (a hung driver) must not hang the job's exit."""
+    import threading
+
+    import bubblecast.runtime.sampler as sampler_mod
+
+    release = threading.Event()
+    monkeypatch.setattr(sampler_mod, "CLOSE_TIMEOUT_S", 0.2)
+    sampler = sampler_mod.DeviceSampler("cpu", every=1)
+    sampler._read = lambda: (release.wait(), {})[1]  # stuck until released
+    sampler.request(0)
+    with pytest.warns(RuntimeWarning, match="did not return within 0.2 s"):
+        sampler.close()
+    release.set()
