@@ -102,6 +102,8 @@ ABOUT = {
               "local Dask cluster.", "Fleet"),
     "read": ("`read_events` and `bubblecast dataset` on 10.24M events, this code against an "
              "older one.", "Reading"),
+    "device_check": ("The recorder's device timing and the Kineto importer on a real GPU (an "
+                     "H200 lent for one session).", "On a GPU"),
     "peers": ("bubblecast beside its peers on the same work: features against mlforecast, "
               "`whatif` and `simulate` end to end against bare imports.", None),
     "decisions": ("Predictive driven by a trained LightGBM against the trend forecaster: oracle "
@@ -823,6 +825,32 @@ def r_plan_worker(doc: dict) -> list[str]:
     return lines + table(["arm", "step ms", "vs none", "se", "planning ms per call"], rows)
 
 
+def r_device_check(doc: dict) -> list[str]:
+    lines = [f"{doc['device']}, torch {doc['torch']} (CUDA {doc['cuda']}); the device's own "
+             "image, not this project's pins.", ""]
+    for launch in doc.get("launches", []):
+        lines.append(f"- `{launch['command']}`: " + "; ".join(
+            f"{k}: {v}" for k, v in launch["sections"].items()))
+    k = doc.get("kernel", {})
+    if "ways" in k:
+        lines += ["", f"(i) {k['kernel']}, {k['reps']} reps, against {k['reference']}:", ""]
+        lines += table(["way", "median ms", "min", "max", "x reference"],
+                       [(n, fmt(w["median_ms"], ".3f"), fmt(w["min_ms"], ".3f"),
+                         fmt(w["max_ms"], ".3f"), fmt(w["ratio_to_reference"], ".3f"))
+                        for n, w in k["ways"].items()])
+    p = doc.get("pipeline", {})
+    if "ops" in p:
+        lines += [f"(ii) {p['model']}, {p['steps']} steps; recorder timing "
+                  f"{p['recorder_timing']}, Kineto import {p['kineto_timing']}:", ""]
+        lines += table(["op", "recorder median ms", "ops", "Kineto median ms", "ops", "ratio"],
+                       [(op, fmt(o["recorder_median_ms"], ".3f"), o["recorded_ops"],
+                         fmt(o["kineto_median_ms"], ".3f"), o["kineto_ops"],
+                         fmt(o["ratio"], ".3f")) for op, o in p["ops"].items()])
+    if "error" in doc.get("packed", {}):
+        lines += [f"(iii) packed GPT: {doc['packed']['error']}.", ""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "schedules": r_schedules, "engine": r_engine, "write": r_write, "load": r_load,
     "dataset": r_dataset, "solver": r_solver, "record": r_record, "migration": r_migration,
@@ -830,7 +858,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "live": r_live, "decision_thread": r_decision_thread, "fleet": r_fleet, "read": r_read,
     "balance": r_balance,
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
-    "plan_costs": r_plan_costs,
+    "plan_costs": r_plan_costs, "device_check": r_device_check,
 }
 
 
