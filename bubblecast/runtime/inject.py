@@ -30,10 +30,11 @@ Grammar (``--inject``): specs separated by ``;``, each a comma-separated ``key=v
 
 The extra time is part of the op's recorded duration; runs carry the spec in
 ``RunMeta.extra["emulated_slowdown"]``. Where it goes depends on the recorder's clock: on the
-host clock it is slept after the op (so the other ranks' cores are not stolen); on CUDA
-(device timing) it is queued on the stage's stream as a spin kernel calibrated to the device's
-clock (:class:`bubblecast.runtime.device_timing.DeviceDelay`), so the GPU, not the host, is
-slowed, and the host keeps launching ahead as it would.
+host clock it is slept after the op (so the other ranks' cores are not stolen; what a sleep
+overshoots, waking late, is taken off the next op's sleep); on CUDA (device timing) it is
+queued on the stage's stream as a spin kernel calibrated to the device's clock
+(:class:`bubblecast.runtime.device_timing.DeviceDelay`), so the GPU, not the host, is slowed,
+and the host keeps launching ahead as it would.
 """
 
 from __future__ import annotations

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from bubblecast.runtime.device_timing import DeviceDelay, EventTimer
 
 _MISSING = object()  # a stage method that was the class's, not the instance's
+#: Most sleep overshoot carried into the next ops' emulated slowdown (host clock), seconds.
+MAX_OVERSLEPT_S = 0.02
 _F, _B, _W, _OPT = range(4)
 
 
@@ -113,6 +115,7 @@ class Recorder:
         self._kept: list[tuple] = []  # all rows, when there is no events_dir
         self._step = 0
         self._stretch = 1.0
+        self._overslept = 0.0  # host-clock stretch: what the sleeps so far overshot
         self._chunk_layers: dict[int, int] = {}
         self._plain: Work = (0, -1.0, -1)  # (tokens, tokens_sq, documents) of any micro-batch
         self._work: Sequence[Work] = ()  # per micro-batch, when the step's documents are known
@@ -195,12 +198,27 @@ class Recorder:
         if not self.capture:
             return
         if self._stretch != 1.0:
-            time.sleep((self._stretch - 1.0) * (t1 - t0))
-            t1 = time.perf_counter()
+            t1 = self._sleep_stretch(t1 - t0, t1)
         if self.record:
             work = self._work[mb] if mb < len(self._work) else self._plain
             self._rows.append((self._step, chunk, mb, op, t0, t1 - t0,
                                self._chunk_layers.get(chunk, 0), *work))
+
+    def _sleep_stretch(self, took: float, now: float) -> float:
+        """Sleep an op's emulated extra time, ``(stretch - 1) x took``; the end time.
+
+        A sleeping process wakes late (timer slack; on a busy host it waits for its core), so
+        what each sleep overshoots is taken off the next op's sleep: the mean stretch is the
+        asked factor, not the factor plus the wake-up latency. The carried overshoot is
+        capped at :data:`MAX_OVERSLEPT_S` (a long preemption does not erase a whole run's
+        slowdown) and dropped when the stretch ends."""
+        want = (self._stretch - 1.0) * took
+        nap = want - self._overslept
+        if nap > 0:
+            time.sleep(nap)
+        end = time.perf_counter()
+        self._overslept = min(MAX_OVERSLEPT_S, max(0.0, self._overslept + (end - now) - want))
+        return end
 
     def _op_done_device(self, op: int, chunk: int, mb: int, start: Any) -> None:
         if not self.capture:
@@ -237,6 +255,8 @@ class Recorder:
         self._step, self.capture = step, True
         self._plain, self._work = (tokens_per_microbatch, -1.0, -1), tuple(work)
         self._stretch = multiplier(self.injections, self.rank, step) if self.injections else 1.0
+        if self._stretch == 1.0:
+            self._overslept = 0.0
         self.metrics.begin_step(step)
         if self.record and self.layer_cost_every and step % self.layer_cost_every == 0:
             self._start_sampling()

@@ -265,3 +265,40 @@ def test_wait_written_returns_with_every_submitted_part_on_disk(tmp_path) -> Non
         assert len(list(tmp_path.glob("rank0000-*.parquet"))) == step + 1
     assert len(rec.part_cpu_s) == 3 and all(s >= 0 for s in rec.part_cpu_s)
     rec.close()
+
+
+def test_host_stretch_takes_each_sleeps_overshoot_off_the_next(monkeypatch) -> None:
+    """``--inject factor=3`` on the host clock: every op's recorded time is 3x its own on the
+    mean, although each sleep wakes 0.4 ms late (a busy host)."""
+    import types
+
+    import bubblecast.runtime.rank_recorder as rr
+    from bubblecast.runtime.inject import parse_inject
+
+    clock = {"t": 100.0}
+
+    def sleep(seconds: float) -> None:
+        clock["t"] += seconds + 0.0004
+
+    monkeypatch.setattr(rr, "time", types.SimpleNamespace(
+        perf_counter=lambda: clock["t"], sleep=sleep))
+
+    class Busy(Stage):
+        def forward_one_chunk(self, mb: int, *a: object, **k: object) -> int:
+            clock["t"] += 0.001  # the op's own millisecond
+            return mb
+
+    stage = Busy()
+    rec = Recorder(run_id="r", rank=0, stage=0, origin_wall=0.0, meta_fn=RunMeta,
+                   injections=parse_inject("rank=0,factor=3"))
+    rec.attach([stage], {0: {}})
+    for step in range(20):
+        rec.begin_step(step, 1)
+        for mb in range(4):
+            stage.forward_one_chunk(mb)
+        rec.end_step()
+    f = rec.frame()["duration_s"].to_numpy()
+    assert len(f) == 80
+    assert abs(f.mean() - 0.003) < 0.0004 / 80 + 1e-9  # only the last overshoot is left over
+    assert f[0] == pytest.approx(0.0034)  # the first sleep's overshoot, taken off the second
+    assert f[1] == pytest.approx(0.0030)
