@@ -33,11 +33,16 @@ from torch import nn
 
 def segments(documents: torch.Tensor) -> list[int]:
     """Lengths of the documents of one row of document ids (``(T,)``, packed from the left,
-    ``-1`` on padding), in order."""
+    ``-1`` on padding), in order: the runs of equal ids.
+
+    The work is bounded by the row's length whatever the values: a row of arbitrary ids (an
+    uninitialized tensor, say, as a pipeline's shape inference may build from metadata)
+    gives at most one segment per token, where counting per id value would allocate a bin
+    for every value up to the largest."""
     real = documents[documents >= 0]
     if not len(real):
         return []
-    return torch.bincount(real).tolist()
+    return torch.unique_consecutive(real, return_counts=True)[1].tolist()
 
 
 def document_positions(documents: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,13 @@ def test_segments_and_positions() -> None:
     assert document_positions(docs).tolist() == [[0, 1, 2, 0, 1, 0, 0, 0]]
 
 
+def test_segments_of_arbitrary_ids_cost_one_per_token_at_most() -> None:
+    """Ids as large as uninitialized memory holds: runs of equal ids, no bin per id value
+    (``bincount`` would ask for ~40 GB here)."""
+    huge = torch.tensor([5_000_000_000, 5_000_000_000, 7, -3, 5_000_000_000])
+    assert segments(huge) == [2, 1, 1]
+
+
 def test_a_document_does_not_see_its_neighbours_and_padding_gets_no_logits() -> None:
     stack = _model(64)
     a, b, c = _doc(1, 5), _doc(2, 9), _doc(3, 3)
