@@ -151,14 +151,25 @@ def test_sleep_emulation_is_proportional(monkeypatch: pytest.MonkeyPatch) -> Non
     from bubblecast.runtime.inject import parse_inject
     from bubblecast.telemetry.schema import RunMeta
 
+    import types
+
     slept: list[float] = []
-    monkeypatch.setattr(rec_mod.time, "sleep", slept.append)
+    clock = {"t": 10.0}
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock["t"] += seconds
+
+    monkeypatch.setattr(rec_mod, "time", types.SimpleNamespace(
+        perf_counter=lambda: clock["t"], sleep=sleep))
 
     class FakeStage:
         def forward_one_chunk(self, mb, *a, **k):
+            clock["t"] += 0.001
             return mb
 
         def backward_one_chunk(self, mb, *a, **k):
+            clock["t"] += 0.002
             return None
 
         def backward_weight_one_chunk(self, mb, *a, **k):
@@ -177,7 +188,8 @@ def test_sleep_emulation_is_proportional(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(slept) == 2  # only step 1, only this rank's injection
     frame = rec.frame()
     measured = frame.loc[frame["step"] == 1, "duration_s"].to_numpy()
-    assert all(s > 0 for s in slept)
+    assert slept == pytest.approx([0.002, 0.004])  # (factor - 1) x the op's own time
+    assert measured == pytest.approx([0.003, 0.006])
     assert list(frame["op"]) == ["F", "B", "F", "B"] and len(measured) == 2
 
 
