@@ -147,11 +147,11 @@ def test_checkpoint_resumes_under_another_plan(tmp_path: Path) -> None:
 
 
 def test_sleep_emulation_is_proportional(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
     from bubblecast.runtime import rank_recorder as rec_mod
     from bubblecast.runtime.inject import parse_inject
     from bubblecast.telemetry.schema import RunMeta
-
-    import types
 
     slept: list[float] = []
     clock = {"t": 10.0}
