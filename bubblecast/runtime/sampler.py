@@ -149,15 +149,17 @@ class DeviceSampler:
         return rows
 
     def close(self) -> None:
-        """Stop the thread. A reading stuck for :data:`CLOSE_TIMEOUT_S` (a hung driver call)
-        is left behind (a daemon thread) with a warning: closing never hangs the job."""
+        """Stop the thread after the readings queued so far. One that has not finished
+        within :data:`CLOSE_TIMEOUT_S` (a reading stuck in the driver, or a backlog) is left
+        behind (a daemon thread) with a warning: closing never hangs the job."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(CLOSE_TIMEOUT_S)
             if self._thread.is_alive():
-                warnings.warn(f"device sampler: a reading did not return within "
-                              f"{CLOSE_TIMEOUT_S:g} s; its thread is left behind and its rows "
-                              f"are not recorded", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"device sampler: its queued readings did not finish within "
+                              f"{CLOSE_TIMEOUT_S:g} s (a reading stuck in the driver, or a "
+                              f"backlog); its thread is left behind and what it reads from "
+                              f"now on is not recorded", RuntimeWarning, stacklevel=2)
             self._thread = None
 
 

@@ -66,6 +66,6 @@ def test_close_leaves_a_stuck_reading_behind_with_a_warning(monkeypatch):
     sampler = sampler_mod.DeviceSampler("cpu", every=1)
     sampler._read = lambda: (release.wait(), {})[1]  # stuck until released
     sampler.request(0)
-    with pytest.warns(RuntimeWarning, match="did not return within 0.2 s"):
+    with pytest.warns(RuntimeWarning, match="did not finish within 0.2 s"):
         sampler.close()
     release.set()
