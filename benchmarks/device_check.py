@@ -74,9 +74,10 @@ def _recorder_ms(fn: Any, reps: int, device: Any, *, timer: Any = None,
 def kernel_check(device: Any, size: int, reps: int, chain: int) -> dict[str, Any]:
     """(i): one kernel timed several ways; medians in ms and ratios to raw CUDA events."""
     import torch
+    from _device import dtype_for
 
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = dtype_for(device)
     x = torch.randn(size, size, device=device, dtype=dtype) / size**0.5
 
     def kernel() -> Any:
@@ -129,19 +130,14 @@ def kernel_check(device: Any, size: int, reps: int, chain: int) -> dict[str, Any
                      for k, v in ways.items()}}
 
 
-def backend_for(device: Any) -> str:
-    """NCCL on CUDA (the virtual stages of one rank exchange shapes and activations through
-    point-to-point sends to itself, which torch 2.11's gloo refuses), gloo on CPU."""
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def _pipeline(device: Any, hidden: int, layers: int) -> tuple[Any, Any, Any, Any]:
     """A ``layers``-layer MLP as four virtual stages of one rank; schedule, optimizer."""
     import torch
+    from _device import dtype_for
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = dtype_for(device)
     blocks = [torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU())
               .to(device=device, dtype=dtype) for _ in range(layers)]
     per = layers // 4
@@ -156,13 +152,11 @@ def pipeline_check(device: Any, hidden: int, layers: int, steps: int, tmp: Path
                    ) -> dict[str, Any]:
     """(ii): record and profile the same steps; compare the recorder with the importer."""
     import torch
-    import torch.distributed as dist
+    from _device import one_rank_group
 
     import bubblecast
 
-    store = dist.FileStore(str(tmp / "store"), 1)
-    dist.init_process_group(backend_for(device), store=store, rank=0, world_size=1)
-    try:
+    with one_rank_group(device, tmp / "store"):
         stages, schedule, opt, dtype = _pipeline(device, hidden, layers)
         x = torch.randn(64, hidden, device=device, dtype=dtype)
         y = torch.randn(64, hidden, device=device, dtype=dtype)
@@ -184,8 +178,6 @@ def pipeline_check(device: Any, hidden: int, layers: int, steps: int, tmp: Path
                 prof.step()
         recorded = bubblecast.read_events(rec.events_dir)
         imported = bubblecast.load_events(trace_dir, format="kineto")
-    finally:
-        dist.destroy_process_group()
     rec_meta, imp_meta = next(iter(recorded.runs.values())), next(iter(imported.runs.values()))
     rf = recorded.frame.loc[recorded.frame["step"] >= 2]  # the profiled steps
     ops = {}
@@ -267,6 +259,7 @@ def main() -> None:
         torch.set_num_threads(1)
     here = Path(__file__).resolve().parent
     sys.path.insert(0, str(here))
+    from _device import progress
     from _results import run_header, write_json
     from device_check_packed import packed_check, print_packed
 
@@ -291,7 +284,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         for name in wanted:
-            print(f"[{time.strftime('%H:%M:%S')}] section {name}", flush=True)
+            progress(f"section {name}")
             _section(doc, name, runs[name], write)
     failed = [k for k in wanted if "error" in doc[k]]
     if "kernel" in wanted and "error" not in doc["kernel"]:

@@ -126,10 +126,6 @@ def _record_run(device: Any, dtype: Any, shape: dict[str, int], seed: int, steps
     return Path(where)
 
 
-def _progress(what: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {what}", flush=True)
-
-
 def metrics_summary(metrics: Any) -> dict[str, dict[str, float]]:
     """Per device metric: its samples' count, min, median and max."""
     out = {}
@@ -166,28 +162,23 @@ def packed_check(device: Any, steps: int, reps: int, tmp: Path,
     thread's stack to stderr (``faulthandler``), so a stall says where it is."""
     import faulthandler
 
-    import torch
-    import torch.distributed as dist
+    from _device import dtype_for, one_rank_group, progress
     from bench_live_balance import MODELS, op_spread
-    from device_check import backend_for
 
     import bubblecast
     from bubblecast.forecast.cost_model import CostModel
     from bubblecast.telemetry.metrics import read_metrics
 
-    cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    shape = GPU_SHAPE if cuda else CPU_SHAPE
+    dtype = dtype_for(device)
+    shape = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
     budget = MODELS["documents"]["seq_len"]
     out: dict[str, Any] = {"model": {**shape, "budget": budget,
                                      "dtype": str(dtype).split(".")[-1]}}
     out["sweep"] = shape_sweep(device, dtype, shape, budget, reps)
-    _progress(f"(a) done: {len(out['sweep'])} shapes")
+    progress(f"(a) done: {len(out['sweep'])} shapes")
     keep(out)
-    store = dist.FileStore(str(tmp / "store-packed"), 1)
-    dist.init_process_group(backend_for(device), store=store, rank=0, world_size=1)
-    try:
-        dirs = {}
+    dirs: dict[str, Path] = {}
+    with one_rank_group(device, tmp / "store-packed"):
         for name, seed in (("fit-a", 11), ("fit-b", 12), ("held", 13), ("held-again", 13)):
             faulthandler.dump_traceback_later(STALL_S, exit=False)
             try:
@@ -195,13 +186,11 @@ def packed_check(device: Any, steps: int, reps: int, tmp: Path,
                                          name)
             finally:
                 faulthandler.cancel_dump_traceback_later()
-            _progress(f"(b) recorded {name}")
-    finally:
-        dist.destroy_process_group()
+            progress(f"(b) recorded {name}")
     events = {name: bubblecast.read_events(d) for name, d in dirs.items()}
     fit = bubblecast.Events.concat([events["fit-a"], events["fit-b"]])
     model = CostModel(holdout=0.5, seed=0).fit(fit)
-    _progress("(b) cost model fitted")
+    progress("(b) cost model fitted")
     scored = model.score(events["held"], "the held-out run")
     frame = events["held"].frame
     ends = frame["start_s"] + frame["duration_s"]
@@ -214,6 +203,7 @@ def packed_check(device: Any, steps: int, reps: int, tmp: Path,
                          "noise": op_spread(events["held"], events["held-again"]),
                          "timing": next(iter(events["held"].runs.values())).extra.get("timing"),
                          "median_step_ms": 1e3 * float(step_s.iloc[2:].median())}
+    keep(out)
     metrics = read_metrics(dirs["held"])
     out["device_metrics"] = metrics_summary(metrics)
     out["covariates"] = covariate_summary(events["held"], metrics)

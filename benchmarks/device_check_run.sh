@@ -8,8 +8,8 @@
 # The machine's own python3 and torch run this repository from PYTHONPATH; wheels in .whl/
 # (LightGBM, for the cost model) are installed to /tmp/site first. Limits (seconds) come from
 # PACKED_S, KERNEL_S, PIPELINE_S (defaults 170, 60, 60: under 5 minutes in all); PYTHON picks
-# the interpreter (default python3). Exit 1 when
-# any section failed or ran out of time; each section's JSON keeps what it measured.
+# the interpreter (default python3). Exit 1 when any section failed or ran out of time; each
+# section's JSON keeps what it measured.
 set -u
 out=${1:?usage: device_check_run.sh OUTDIR}
 mkdir -p "$out"
