@@ -63,8 +63,9 @@ def test_close_leaves_a_stuck_reading_behind_with_a_warning(monkeypatch):
 
     release = threading.Event()
     monkeypatch.setattr(sampler_mod, "CLOSE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sampler_mod, "cpu_readings",
+                        lambda: (release.wait(), {})[1])  # stuck until released
     sampler = sampler_mod.DeviceSampler("cpu", every=1)
-    sampler._read = lambda: (release.wait(), {})[1]  # stuck until released
     sampler.request(0)
     with pytest.warns(RuntimeWarning, match="did not finish within 0.2 s"):
         sampler.close()
