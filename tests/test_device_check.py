@@ -5,7 +5,7 @@ with this repository on ``PYTHONPATH`` and LightGBM carried as a wheel; its imag
 MLflow, FastAPI, uvicorn, DuckDB, polars or Dask (read 2026-11-17). The dry run (``--cpu``)
 takes the same code path at toy sizes with those packages made unimportable, so a change that
 breaks the check, or makes it need one of them, fails here rather than on the GPU machine's
-few minutes. Slow (about 80 s): ``make test-all`` and ``make bench`` run it.
+few minutes. Slow (about 70 s): ``make test-all`` and ``make bench`` run it.
 """
 
 from __future__ import annotations
