@@ -12,6 +12,10 @@
     ``torch.profiler`` at once, imports the Kineto trace with the bubblecast importer (device
     timing: kernel spans) and compares its per-op durations with the recorder's.
 
+(0) **NVML's thermal limits** (seconds): what the device reports as its slowdown temperature
+    and its thermal margin (or why a call failed), and one reading of the recorder's NVML
+    sampler with the warning it gives where the slowdown temperature comes from the margin.
+
 (iii) The packed GPT on the device (``device_check_packed.py``): its cost against the
     micro-batch's documents, the learned cost model's error on a held-out recorded run beside
     the floor run-to-run noise puts under it, and the NVML device metrics the recorder sampled
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "device_check.json"
-SECTIONS = ("kernel", "pipeline", "packed")
+SECTIONS = ("nvml", "kernel", "pipeline", "packed")
 
 
 def _stage_of(fn: Any) -> Any:
@@ -69,6 +73,31 @@ def _recorder_ms(fn: Any, reps: int, device: Any, *, timer: Any = None,
         rec.end_step()
     frame = rec.frame()
     return list(1e3 * frame.loc[frame["op"] == "F", "duration_s"].to_numpy())
+
+
+def nvml_check(index: int) -> dict[str, Any]:
+    """Section (0): NVML's thermal limits of GPU ``index`` and one row of the recorder's
+    sampler (``available`` False, with the reason, without nvidia-ml-py or a driver)."""
+    import warnings
+
+    from bubblecast.runtime.sampler import nvml_reader, nvml_thermal
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {"available": True, "name": str(pynvml.nvmlDeviceGetName(handle)),
+                           "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+                           "limits": nvml_thermal(pynvml, handle)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read = nvml_reader(index)
+        out["sampler_row"] = read() if read is not None else None
+    out["sampler_warnings"] = [str(w.message) for w in caught]
+    return out
 
 
 def kernel_check(device: Any, size: int, reps: int, chain: int) -> dict[str, Any]:
@@ -239,8 +268,8 @@ def main() -> None:
                     help="steps of each recorded packed-GPT run in (iii)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (written after "
                     "every section, so a run cut short keeps what it measured)")
-    ap.add_argument("--sections", default="kernel,pipeline,packed",
-                    help="comma-separated sections to run (default: all three)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="comma-separated sections to run (default: all four)")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU (no device, no JSON)")
     args = ap.parse_args()
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -272,7 +301,8 @@ def main() -> None:
         if not args.cpu:
             write_json(args.out, doc)
 
-    runs = {"kernel": lambda: kernel_check(device, args.size, args.reps, args.chain),
+    runs = {"nvml": lambda: nvml_check(0 if args.cpu else device.index or 0),
+            "kernel": lambda: kernel_check(device, args.size, args.reps, args.chain),
             "pipeline": lambda: pipeline_check(device, args.hidden, args.layers, args.steps,
                                                Path(tmp)),
             "packed": lambda: packed_check(device, args.packed_steps, max(3, args.reps // 3),
@@ -287,6 +317,8 @@ def main() -> None:
             progress(f"section {name}")
             _section(doc, name, runs[name], write)
     failed = [k for k in wanted if "error" in doc[k]]
+    if "nvml" in wanted and "error" not in doc["nvml"]:
+        print(f"(0) NVML: {doc['nvml']}")
     if "kernel" in wanted and "error" not in doc["kernel"]:
         _print_kernel(doc["kernel"])
     if "pipeline" in wanted and "error" not in doc["pipeline"]:

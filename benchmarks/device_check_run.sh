@@ -6,8 +6,9 @@
 #   bash benchmarks/device_check_run.sh OUTDIR          # from the repository root, on the GPU
 #
 # The machine's own python3 and torch run this repository from PYTHONPATH; wheels in .whl/
-# (LightGBM, for the cost model) are installed to /tmp/site first. Limits (seconds) come from
-# PACKED_S, KERNEL_S, PIPELINE_S (defaults 170, 60, 60: under 5 minutes in all); PYTHON picks
+# (LightGBM, for the cost model; nvidia-ml-py, for NVML) are installed to /tmp/site first.
+# Limits (seconds) come from NVML_S, PACKED_S, KERNEL_S, PIPELINE_S (defaults 30, 170, 60, 60:
+# under 5.5 minutes in all); PYTHON picks
 # the interpreter (default python3). Exit 1 when any section failed or ran out of time; each
 # section's JSON keeps what it measured.
 set -u
@@ -22,7 +23,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi -q -d TEMPERATURE,CLOCK,POWER >"$out/nvidia-smi.txt" 2>&1
 status=0
-for pair in "packed ${PACKED_S:-170}" "kernel ${KERNEL_S:-60}" "pipeline ${PIPELINE_S:-60}"; do
+for pair in "nvml ${NVML_S:-30}" "packed ${PACKED_S:-170}" "kernel ${KERNEL_S:-60}" "pipeline ${PIPELINE_S:-60}"; do
   set -- $pair
   echo "== section $1 (limit $2 s)"
   timeout "$2" "$py" benchmarks/device_check.py --sections "$1" --out "$out/$1.json" \

@@ -34,7 +34,7 @@ def test_device_check_dry_run_passes_without_the_packages_the_gpu_image_lacks() 
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    for section in ("(i) 4 x matmul", "(ii) 8 x (Linear", "(iii) packed GPT"):
+    for section in ("(0) NVML", "(i) 4 x matmul", "(ii) 8 x (Linear", "(iii) packed GPT"):
         assert section in out, out[-3000:]
     assert "cost model (" in out and "floor under any model's p90" in out
     assert "covariate features on" in out and "none" not in out.split("covariate features")[1]

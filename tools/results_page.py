@@ -831,6 +831,10 @@ def r_device_check(doc: dict) -> list[str]:
     for launch in doc.get("launches", []):
         lines.append(f"- `{launch['command']}`: " + "; ".join(
             f"{k}: {v}" for k, v in launch["sections"].items()))
+    n = doc.get("nvml", {})
+    if "limits" in n:
+        lines += ["", f"(0) NVML on {n['name']} (driver {n['driver']}): " + "; ".join(
+            f"{key} {value}" for key, value in n["limits"].items()) + ".", ""]
     k = doc.get("kernel", {})
     if "ways" in k:
         lines += ["", f"(i) {k['kernel']}, {k['reps']} reps, against {k['reference']}:", ""]

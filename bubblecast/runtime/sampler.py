@@ -5,9 +5,13 @@ training thread's hot path: :meth:`DeviceSampler.request` only queues the step):
 
 - **NVIDIA GPUs**, through NVML (``nvidia-ml-py``, imported lazily; absent: no GPU rows):
   ``temperature_c`` (GPU core), ``sm_clock_mhz``, ``power_w``, ``throttle`` (the
-  clock-event/throttle reasons bitmask, 0 = none) and ``temperature_slowdown_c`` (the
-  device's slowdown temperature, ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``: where it starts
-  lowering its clocks);
+  clock-event/throttle reasons bitmask, 0 = none), ``temperature_margin_c`` (NVML's thermal
+  margin, ``nvmlDeviceGetMarginTemperature``: degrees left to the nearest slowdown threshold,
+  where the driver reports it) and ``temperature_slowdown_c`` (the device's slowdown
+  temperature, ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``: where it starts lowering its clocks;
+  a device that reports no such threshold but a margin, as GPUs that state their thermal
+  limits relative to T.Limit may, gets ``temperature_c + temperature_margin_c`` instead, and
+  the reader says so once in a ``RuntimeWarning``);
 - **CPU** (Linux): ``cpu_temp_c`` (the hottest ``/sys/class/thermal/thermal_zone*/temp``),
   ``cpu_mhz`` (mean ``/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq``, else
   ``/proc/cpuinfo``'s ``cpu MHz``) and ``load1`` (1-minute load average); a source the
@@ -41,6 +45,8 @@ Row = tuple[int, str, float]  # (step, metric, value)
 CLOSE_TIMEOUT_S = 5.0
 #: The device metric of the slowdown (throttle) temperature: NVML's, or the emulated device's.
 SLOWDOWN_METRIC = "temperature_slowdown_c"
+#: The device metric of NVML's thermal margin: degrees left to the nearest slowdown threshold.
+MARGIN_METRIC = "temperature_margin_c"
 
 
 def _read_float(path: str) -> float | None:
@@ -75,6 +81,26 @@ def cpu_readings() -> dict[str, float]:
     return out
 
 
+def nvml_thermal(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """What NVML says of a device's thermal limits, for the GPU check: ``temperature_c``,
+    ``slowdown_c`` (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``) and ``margin_c``
+    (``nvmlDeviceGetMarginTemperature``), each the value or, where the call failed or this
+    nvidia-ml-py lacks it, ``None`` with the reason under ``<key>_error``."""
+    calls = {"temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
+                 handle, pynvml.NVML_TEMPERATURE_GPU),
+             "slowdown_c": lambda: pynvml.nvmlDeviceGetTemperatureThreshold(
+                 handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+             "margin_c": lambda: pynvml.nvmlDeviceGetMarginTemperature(handle)}
+    out: dict[str, Any] = {}
+    for key, call in calls.items():
+        try:
+            out[key] = float(call())
+        except Exception as exc:  # noqa: BLE001 - NVMLError, or an older binding's AttributeError
+            out[key] = None
+            out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
     """A reader of GPU ``index`` through NVML, or None without nvidia-ml-py or a driver."""
     try:
@@ -88,11 +114,12 @@ def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
         return None
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-    try:  # the device's specification: read once
-        slowdown: float | None = float(pynvml.nvmlDeviceGetTemperatureThreshold(
-            handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
-    except Exception:  # noqa: BLE001 - not reported by this device or driver: no row
-        slowdown = None
+    limits = nvml_thermal(pynvml, handle)  # the slowdown threshold is a specification: once
+    slowdown, with_margin = limits["slowdown_c"], limits["margin_c"] is not None
+    if slowdown is None and with_margin:
+        warnings.warn(f"GPU {index} reports no slowdown temperature "
+                      f"({limits.get('slowdown_c_error')}); recording {SLOWDOWN_METRIC} as "
+                      "temperature_c + NVML's margin temperature", RuntimeWarning, stacklevel=2)
 
     def read() -> dict[str, float]:
         out = {"temperature_c": float(pynvml.nvmlDeviceGetTemperature(
@@ -101,8 +128,15 @@ def nvml_reader(index: int) -> Callable[[], dict[str, float]] | None:
                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}
         if reasons is not None:
             out["throttle"] = float(reasons(handle))
+        margin = None
+        if with_margin:
+            with contextlib.suppress(Exception):  # a reading that fails this once: no row
+                margin = float(pynvml.nvmlDeviceGetMarginTemperature(handle))
+                out[MARGIN_METRIC] = margin
         if slowdown is not None:
             out[SLOWDOWN_METRIC] = slowdown
+        elif margin is not None:
+            out[SLOWDOWN_METRIC] = out["temperature_c"] + margin
         return out
 
     return read

@@ -11,8 +11,9 @@ device holds it by lowering its clock (power proportional to the clock) to
 Every constant comes from the run's own telemetry, nothing from the fault:
 
 - ``T_thr``: the slowdown temperature the device reports (device metric
-  ``temperature_slowdown_c``: NVML's ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`` on a GPU, the
-  emulated device's specification under ``--inject``); a rank that reports none gets no
+  ``temperature_slowdown_c``: NVML's ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`` on a GPU, or its
+  temperature plus NVML's thermal margin where it reports no threshold, the emulated device's
+  specification under ``--inject``); a rank that reports none gets no
   prediction (listed in :attr:`ThermalLead.unknown`);
 - ``T_amb``: the coldest temperature the rank reported in the run (a device starts the job
   near ambient, before its load warms it);
