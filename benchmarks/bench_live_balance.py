@@ -41,7 +41,10 @@ also transfers and the rest of a step, which dilutes a ratio), and where the liv
 between the prediction and the wall clock: every recorded trainer writes its ops, and per
 step the engine's 1F1B step composed from those ops' own durations (what the live costs
 allow) and the compute window (first op start to last op end: what the pipeline made of
-them) are compared with static's; the bound (every
+them) are compared with static's, and so is each trainer's pace (its ops' seconds over
+what the cost model prices them at speed 1: packing does not change a step's work, so a
+policy whose ops run at a slower pace loses that share of its gain to something the model
+does not see); the bound (every
 micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
 micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
 also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
@@ -272,11 +275,15 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         static = read_events(job_dir / "static.parquet")  # read once, used twice
         out["offline"] = offline_prediction(static, cost)
         out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), cost)
+        from bubblecast.forecast.cost_modeldir import load_cost_model
+
+        model = load_cost_model(cost)
         for name, spec in runs.items():
             events = static if name == "static" else \
                 read_events(job_dir / f"{name}.parquet") if spec["write"] else None
             if events is not None:
-                out[name]["windows"] = compute_windows(events, SETTINGS[setting]["stages"])
+                out[name]["windows"] = {**compute_windows(events, SETTINGS[setting]["stages"]),
+                                        "pace": op_pace(events, model)}
         return out
 
 
@@ -339,6 +346,18 @@ def compute_windows(events: Any, stages: int) -> dict[str, list[float]]:
             slowest = max(slowest, float(step_times(shape, dur)[0][0]))
         engine.append(slowest)
     return {"window_s": window, "engine_s": engine}
+
+
+def op_pace(events: Any, model: Any) -> list[float]:
+    """Per step, a trainer's compute seconds (every rank's F/B/W ops) over what the cost model
+    ``model`` prices the same ops at speed 1: the pace its ops ran at per unit of modelled
+    work. Packing moves documents between micro-batches but not the step's work, so trainers
+    of one launch should keep one pace; a plan whose ops run at a slower pace loses that
+    share of its predicted gain to something the cost model does not see."""
+    rows = model.rows(events, "a trainer's events")
+    base = model.predict(events) / rows["speed_recent"].to_numpy()
+    frame = rows.assign(base=base).groupby("step", sort=True)[["duration_s", "base"]].sum()
+    return [float(x) for x in frame["duration_s"] / frame["base"]]
 
 
 def op_spread(a_events: Any, b_events: Any) -> dict[str, float]:
@@ -407,6 +426,8 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
         for key in ("window_s", "engine_s"):
             if key in r and key in base:
                 r[key.replace("_s", "_ratio")] = base[key] / r[key]
+        if "pace" in r and "pace" in base:
+            r["pace_vs_static"] = r["pace"] / base["pace"]
     out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
                          for n in ("static", "balance", *(("healthy",) if slow else ()))}
     out["offline_speedup"] = offline["speedup"]
@@ -479,7 +500,7 @@ def main() -> None:
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
                          "decision_ms", "plan_call_ms", "window_s", "window_ratio",
-                         "engine_s", "engine_ratio")}
+                         "engine_s", "engine_ratio", "pace", "pace_vs_static")}
                     for n in names}
             entry = {"cost_model_heldout": metrics, "runs": runs, "mean": mean,
                      "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
@@ -535,6 +556,9 @@ def main() -> None:
                 f"{mean[n]['engine_ratio'] or float('nan'):.3f}x, live compute window "
                 f"{mean[n]['window_ratio'] or float('nan'):.3f}x, wall {mean[n]['ratio']:.3f}x"
                 for n in ("tokens", "balance")))
+            print("ops' pace per modelled second, against static's (same work, 1 = same "
+                  "speed): " + ", ".join(f"{n} {mean[n]['pace_vs_static']:.3f}" for n in names
+                                         if mean[n].get("pace_vs_static") is not None))
             saved = entry["saving_share_of_offline"]
             print(f"predicted static step {entry['offline_step_s']['static'] * 1e3:.1f} ms "
                   "(compute and bubbles) against live "

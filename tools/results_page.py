@@ -749,6 +749,11 @@ def r_live_balance(doc: dict) -> list[str]:
                                   f"the live compute window {fmt(m['window_ratio'], '.3f')}x, "
                                   f"the wall step {fmt(m['ratio'], '.3f')}x" for n, m in steps_of)
                       + ".", ""]
+        if all(m.get("pace_vs_static") for _, m in steps_of):
+            lines += ["Pace of the ops per modelled second against static's (the same work: "
+                      "1 is the same speed, above 1 slower): " + ", ".join(
+                          f"{n} {fmt(m['pace_vs_static'], '.3f')}" for n, m in steps_of)
+                      + ".", ""]
         saved, steps = s.get("saving_share_of_offline"), s.get("offline_step_s")
         if saved and steps:
             lines += [f"The prediction's static step is {fmt(steps['static'] * 1e3, '.1f')} ms "
