@@ -1,5 +1,9 @@
 """GPU check of device-true timing: run it on a machine with one CUDA device (< 3 minutes).
 
+(0) **NVML's thermal limits** (seconds): what the device reports as its slowdown temperature
+    and its thermal margin (or why a call failed), and one reading of the recorder's NVML
+    sampler with the warning it gives where the slowdown temperature comes from the margin.
+
 (i) Times one known kernel (a chain of square matmuls) several ways and compares them with raw
     CUDA events around it: the recorder's device timing (event pairs on the current stream,
     resolved in a batch), ``perf_counter`` around a ``synchronize`` on both sides, and the
@@ -11,10 +15,6 @@
     ``ScheduleInterleaved1F1B`` with four virtual stages) under ``bubblecast.record`` and
     ``torch.profiler`` at once, imports the Kineto trace with the bubblecast importer (device
     timing: kernel spans) and compares its per-op durations with the recorder's.
-
-(0) **NVML's thermal limits** (seconds): what the device reports as its slowdown temperature
-    and its thermal margin (or why a call failed), and one reading of the recorder's NVML
-    sampler with the warning it gives where the slowdown temperature comes from the margin.
 
 (iii) The packed GPT on the device (``device_check_packed.py``): its cost against the
     micro-batch's documents, the learned cost model's error on a held-out recorded run beside

@@ -82,7 +82,8 @@ def cpu_readings() -> dict[str, float]:
 
 
 def nvml_thermal(pynvml: Any, handle: Any) -> dict[str, Any]:
-    """What NVML says of a device's thermal limits, for the GPU check: ``temperature_c``,
+    """What NVML says of a device's thermal limits (read by :func:`nvml_reader` once, and by
+    the GPU check): ``temperature_c``,
     ``slowdown_c`` (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``) and ``margin_c``
     (``nvmlDeviceGetMarginTemperature``), each the value or, where the call failed or this
     nvidia-ml-py lacks it, ``None`` with the reason under ``<key>_error``."""
