@@ -44,7 +44,8 @@ allow) and the compute window (first op start to last op end: what the pipeline 
 them) are compared with static's, and so is each trainer's pace (its ops' seconds over
 what the cost model prices them at speed 1: packing does not change a step's work, so a
 policy whose ops run at a slower pace loses that share of its gain to something the model
-does not see); the bound (every
+does not see), split into the ops no other rank computed beside (solo) and the rest (with
+the solo ops' share of the modelled work); the bound (every
 micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
 micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
 also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
@@ -75,6 +76,9 @@ from typing import Any
 import numpy as np
 
 from bubblecast.runtime.shutdown import exit_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _live_ops import compute_windows, op_pace, op_spread, overlap_split  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The packed GPT per setting: a 4096-token budget makes attention (per document, so
@@ -283,7 +287,8 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
                 read_events(job_dir / f"{name}.parquet") if spec["write"] else None
             if events is not None:
                 out[name]["windows"] = {**compute_windows(events, SETTINGS[setting]["stages"]),
-                                        "pace": op_pace(events, model)}
+                                        "pace": op_pace(events, model),
+                                        **overlap_split(events, model)}
         return out
 
 
@@ -317,64 +322,6 @@ def cost_noise(static: Any, loader: Any, cost: str) -> dict[str, float]:
     return {**op_spread(static, loader),
             "model_p50_rel_error": float(scored["p50_rel_error"]),
             "model_p90_rel_error": float(scored["p90_rel_error"])}
-
-
-def compute_windows(events: Any, stages: int) -> dict[str, list[float]]:
-    """Per step, from a trainer's recorded ops: ``window_s``, the compute window (first F/B
-    start to last F/B end over every rank), and ``engine_s``, the engine's 1F1B step composed
-    from those same ops' durations (each replica with its own micro-batches, the slowest
-    replica; no transfers). Beside the wall step they split a live gain: the ops' own costs
-    (engine), the pipeline's execution of them (window), the rest of the step (wall)."""
-    from bubblecast.sim.steptime import op_durations, step_times, timing_shape
-
-    f = events.frame
-    f = f[f["op"].astype(str).isin(["F", "B"]) & (f["microbatch"] >= 0)]
-    window, engine = [], []
-    for _, g in f.groupby("step", sort=True):
-        end = g["start_s"] + g["duration_s"]
-        window.append(float(end.max() - g["start_s"].min()))
-        slowest = 0.0
-        for _, r in g.groupby("replica"):
-            mbs = sorted(r["microbatch"].unique())
-            slot = {m: j for j, m in enumerate(mbs)}
-            fb = np.zeros((2, 1, stages, len(mbs)))
-            for op, stage, mb, d in zip(r["op"].astype(str), r["stage"], r["microbatch"],
-                                        r["duration_s"], strict=True):
-                fb[0 if op == "F" else 1, 0, int(stage), slot[mb]] += d
-            shape = timing_shape("1f1b", stages, len(mbs), 1)
-            dur = op_durations(shape, fb[0], fb[1], np.zeros_like(fb[0]))
-            slowest = max(slowest, float(step_times(shape, dur)[0][0]))
-        engine.append(slowest)
-    return {"window_s": window, "engine_s": engine}
-
-
-def op_pace(events: Any, model: Any) -> list[float]:
-    """Per step, a trainer's compute seconds (every rank's F/B/W ops) over what the cost model
-    ``model`` prices the same ops at speed 1: the pace its ops ran at per unit of modelled
-    work. Packing moves documents between micro-batches but not the step's work, so trainers
-    of one launch should keep one pace; a plan whose ops run at a slower pace loses that
-    share of its predicted gain to something the cost model does not see."""
-    rows = model.rows(events, "a trainer's events")
-    base = model.predict(events) / rows["speed_recent"].to_numpy()
-    frame = rows.assign(base=base).groupby("step", sort=True)[["duration_s", "base"]].sum()
-    return [float(x) for x in frame["duration_s"] / frame["base"]]
-
-
-def op_spread(a_events: Any, b_events: Any) -> dict[str, float]:
-    """Over the compute ops both runs ran (same step, rank, micro-batch and kind: the same
-    work), the spread ``|a - b| / (a + b)`` of their seconds: its median and its 80th
-    percentile, the floor under any cost model's p90 error (see the module doc)."""
-    keys = ["step", "rank", "stage", "microbatch", "op"]  # stage: virtual stages of a rank
-    frames = []
-    for events in (a_events, b_events):
-        f = events.frame
-        f = f[f["op"].astype(str).isin(["F", "B", "W"]) & (f["microbatch"] >= 0)]
-        frames.append(f.assign(op=f["op"].astype(str))[keys + ["duration_s"]])
-    both = frames[0].merge(frames[1], on=keys, suffixes=("_a", "_b"))
-    a, b = both["duration_s_a"].to_numpy(), both["duration_s_b"].to_numpy()
-    spread = np.abs(a - b) / np.maximum(a + b, 1e-12)
-    return {"pairs": int(len(both)), "spread_p50": float(np.quantile(spread, 0.5)),
-            "p90_floor": float(np.quantile(spread, 0.8))}
 
 
 # -- figures -------------------------------------------------------------------------------
@@ -428,6 +375,10 @@ def summarise_run(setting: str, raw: dict[str, Any], scale: dict[str, int]) -> d
                 r[key.replace("_s", "_ratio")] = base[key] / r[key]
         if "pace" in r and "pace" in base:
             r["pace_vs_static"] = r["pace"] / base["pace"]
+        if r.get("solo_base"):  # per-step means: their ratios are ratios of sums
+            r["solo_share"] = r["solo_base"] / (r["solo_base"] + r["overlap_base"])
+            r["pace_solo"] = r["solo_s"] / r["solo_base"]
+            r["pace_overlap"] = r["overlap_s"] / r["overlap_base"]
     out["per_step_s"] = {n: [round(float(x), 6) for x in raw[n]["step_s"]]
                          for n in ("static", "balance", *(("healthy",) if slow else ()))}
     out["offline_speedup"] = offline["speedup"]
@@ -500,7 +451,8 @@ def main() -> None:
             mean = {n: {key: mean_of(runs, (n, key)) for key in
                         ("samples_s", "ratio", "ratio_paired_median", "step_s", "recovery",
                          "decision_ms", "plan_call_ms", "window_s", "window_ratio",
-                         "engine_s", "engine_ratio", "pace", "pace_vs_static")}
+                         "engine_s", "engine_ratio", "pace", "pace_vs_static",
+                         "solo_share", "pace_solo", "pace_overlap")}
                     for n in names}
             entry = {"cost_model_heldout": metrics, "runs": runs, "mean": mean,
                      "overhead_pct_planner": float(np.mean([r["overhead_pct_planner"]
@@ -559,6 +511,11 @@ def main() -> None:
             print("ops' pace per modelled second, against static's (same work, 1 = same "
                   "speed): " + ", ".join(f"{n} {mean[n]['pace_vs_static']:.3f}" for n in names
                                          if mean[n].get("pace_vs_static") is not None))
+            print("ops with no other rank computing beside them: share of the modelled work, "
+                  "pace (solo | beside another rank): " + ", ".join(
+                      f"{n} {mean[n]['solo_share']:.3f}, {mean[n]['pace_solo']:.3f} | "
+                      f"{mean[n]['pace_overlap']:.3f}" for n in names
+                      if mean[n].get("solo_share") is not None))
             saved = entry["saving_share_of_offline"]
             print(f"predicted static step {entry['offline_step_s']['static'] * 1e3:.1f} ms "
                   "(compute and bubbles) against live "

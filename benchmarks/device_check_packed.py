@@ -14,7 +14,7 @@
     :class:`~bubblecast.forecast.cost_model.CostModel` on, a held-out run with another seed to
     score it on (its p90 relative error: the "cost model, live" figure of issue 25, here on one
     device), and the held-out run once more with the same seed: the per-op spread of the two
-    (``bench_live_balance.op_spread``) is the floor under any model's p90 on that run.
+    (``_live_ops.op_spread``) is the floor under any model's p90 on that run.
 (c) **Device metrics into covariates.** The held-out run's NVML rows (what the sampler read:
     temperature, SM clock, power, the throttle reasons, the slowdown temperature) and the
     covariate features ``dataset --covariates auto`` builds from them.
@@ -163,7 +163,8 @@ def packed_check(device: Any, steps: int, reps: int, tmp: Path,
     import faulthandler
 
     from _device import dtype_for, one_rank_group, progress
-    from bench_live_balance import MODELS, op_spread
+    from _live_ops import op_spread
+    from bench_live_balance import MODELS
 
     import bubblecast
     from bubblecast.forecast.cost_model import CostModel

@@ -754,6 +754,12 @@ def r_live_balance(doc: dict) -> list[str]:
                       "1 is the same speed, above 1 slower): " + ", ".join(
                           f"{n} {fmt(m['pace_vs_static'], '.3f')}" for n, m in steps_of)
                       + ".", ""]
+        split = [(n, m) for n, m in s["mean"].items() if m.get("solo_share") is not None]
+        if split:
+            lines += ["Ops with no other rank computing beside them: their share of the "
+                      "modelled work, and the pace of those ops and of the rest: " + "; ".join(
+                          f"{n} {fmt(m['solo_share'], '.3f')}, {fmt(m['pace_solo'], '.3f')} "
+                          f"and {fmt(m['pace_overlap'], '.3f')}" for n, m in split) + ".", ""]
         saved, steps = s.get("saving_share_of_offline"), s.get("offline_step_s")
         if saved and steps:
             lines += [f"The prediction's static step is {fmt(steps['static'] * 1e3, '.1f')} ms "
