@@ -1,8 +1,8 @@
 """What a live trainer's recorded ops say, for the live balancing benchmark (and the GPU check).
 
 Per step: the compute window and the engine's step composed from the ops' own durations
-(:func:`compute_windows`); the ops' pace per second the cost model prices (:func:`op_pace`),
-split by whether another rank computed beside them (:func:`overlap_split`); and, between two
+(:func:`compute_windows`); the ops' pace per second the cost model prices, also split by
+whether another rank computed beside them (:func:`op_pace`); and, between two
 runs of the same work, the spread of the same ops' seconds (:func:`op_spread`), the floor under
 any cost model's error.
 """
@@ -43,38 +43,31 @@ def compute_windows(events: Any, stages: int) -> dict[str, list[float]]:
     return {"window_s": window, "engine_s": engine}
 
 
-def op_pace(events: Any, model: Any) -> list[float]:
-    """Per step, a trainer's compute seconds (every rank's F/B/W ops) over what the cost model
-    ``model`` prices the same ops at speed 1: the pace its ops ran at per unit of modelled
-    work. Packing moves documents between micro-batches but not the step's work, so trainers
-    of one launch should keep one pace; a plan whose ops run at a slower pace loses that
-    share of its predicted gain to something the cost model does not see."""
-    rows = model.rows(events, "a trainer's events")
-    base = model.predict(events) / rows["speed_recent"].to_numpy()
-    frame = rows.assign(base=base).groupby("step", sort=True)[["duration_s", "base"]].sum()
-    return [float(x) for x in frame["duration_s"] / frame["base"]]
+def op_pace(events: Any, model: Any, solo: float = 0.1) -> dict[str, list[float]]:
+    """Per step, the pace of a trainer's compute ops (every rank's F/B/W): ``pace``, their
+    seconds over what the cost model ``model`` prices them at speed 1, and the same two sums
+    for the ops no other rank computed beside (*solo*: another rank's compute covers at most
+    ``solo`` of the op's span) and for the rest: ``solo_s``/``solo_base``,
+    ``overlap_s``/``overlap_base``.
 
-
-def overlap_split(events: Any, model: Any, solo: float = 0.1) -> dict[str, list[float]]:
-    """Per step, a trainer's compute ops split by whether another rank was computing during
-    them (an op is *solo* when another rank's compute covers at most ``solo`` of its span):
-    ``solo_s``/``solo_base`` and ``overlap_s``/``overlap_base``, the ops' seconds and the cost
-    model's price of them at speed 1. On a host whose ranks share cores and memory, ops
-    beside another rank's run slower; a plan that shrinks the pipeline's fill and drain moves
-    work out of the solo part."""
+    Packing moves documents between micro-batches but not the step's work, so trainers of one
+    launch should keep one pace; a plan whose ops run at a slower pace loses that share of its
+    predicted gain to something the cost model does not see. On a host whose ranks share
+    cores and memory, ops beside another rank's run slower, and a plan that shrinks the
+    pipeline's fill and drain moves work out of the solo part."""
     rows = model.rows(events, "a trainer's events")
-    rows = rows.assign(base=model.predict(events) / rows["speed_recent"].to_numpy(),
+    rows = rows.assign(base=model.predict(rows) / rows["speed_recent"].to_numpy(),
                        start=events.frame["start_s"].to_numpy()[rows["row"].to_numpy()])
-    out: dict[str, list[float]] = {"solo_s": [], "solo_base": [], "overlap_s": [],
+    out: dict[str, list[float]] = {"pace": [], "solo_s": [], "solo_base": [], "overlap_s": [],
                                    "overlap_base": []}
     for _, g in rows.groupby("step", sort=True):
         start, dur = g["start"].to_numpy(), g["duration_s"].to_numpy()
-        end, rank = start + dur, g["rank"].to_numpy()
+        end, rank, base = start + dur, g["rank"].to_numpy(), g["base"].to_numpy()
         inter = np.clip(np.minimum(end[:, None], end[None, :])
                         - np.maximum(start[:, None], start[None, :]), 0.0, None)
         inter[rank[:, None] == rank[None, :]] = 0.0  # a rank's own ops never overlap
         alone = inter.sum(axis=1) <= solo * np.maximum(dur, 1e-12)
-        base = g["base"].to_numpy()
+        out["pace"].append(float(dur.sum() / base.sum()))
         for key, part in (("solo", alone), ("overlap", ~alone)):
             out[f"{key}_s"].append(float(dur[part].sum()))
             out[f"{key}_base"].append(float(base[part].sum()))

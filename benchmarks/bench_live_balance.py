@@ -78,7 +78,7 @@ import numpy as np
 from bubblecast.runtime.shutdown import exit_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _live_ops import compute_windows, op_pace, op_spread, overlap_split  # noqa: E402
+from _live_ops import compute_windows, op_pace, op_spread  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The packed GPT per setting: a 4096-token budget makes attention (per document, so
@@ -277,18 +277,17 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
 
         out = json.loads((job_dir / "result.json").read_text())
         static = read_events(job_dir / "static.parquet")  # read once, used twice
-        out["offline"] = offline_prediction(static, cost)
-        out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), cost)
         from bubblecast.forecast.cost_modeldir import load_cost_model
 
         model = load_cost_model(cost)
+        out["offline"] = offline_prediction(static, cost)
+        out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), model)
         for name, spec in runs.items():
             events = static if name == "static" else \
                 read_events(job_dir / f"{name}.parquet") if spec["write"] else None
             if events is not None:
                 out[name]["windows"] = {**compute_windows(events, SETTINGS[setting]["stages"]),
-                                        "pace": op_pace(events, model),
-                                        **overlap_split(events, model)}
+                                        **op_pace(events, model)}
         return out
 
 
@@ -311,14 +310,12 @@ def offline_prediction(static: Any, cost: str) -> dict[str, dict[str, float | No
     return {"speedup": speedup, "step_s": {n: float(rows[n]["step_s"]) for n in names}}
 
 
-def cost_noise(static: Any, loader: Any, cost: str) -> dict[str, float]:
-    """The cost model's error on the static trainer's ops (``static``: its events) and the
-    noise floor under any cost model's error: per compute op run by both ``static`` and
-    ``loader`` (same micro-batch, step and rank), the spread ``|a - b| / (a + b)`` (see the
-    module doc)."""
-    from bubblecast.forecast.cost_modeldir import load_cost_model
-
-    scored = load_cost_model(cost).score(static, "the static trainer's events")
+def cost_noise(static: Any, loader: Any, model: Any) -> dict[str, float]:
+    """The cost model ``model``'s error on the static trainer's ops (``static``: its events)
+    and the noise floor under any cost model's error: per compute op run by both ``static``
+    and ``loader`` (same micro-batch, step and rank), the spread ``|a - b| / (a + b)`` (see
+    the module doc)."""
+    scored = model.score(static, "the static trainer's events")
     return {**op_spread(static, loader),
             "model_p50_rel_error": float(scored["p50_rel_error"]),
             "model_p90_rel_error": float(scored["p90_rel_error"])}

@@ -83,10 +83,9 @@ def cpu_readings() -> dict[str, float]:
 
 def nvml_thermal(pynvml: Any, handle: Any) -> dict[str, Any]:
     """What NVML says of a device's thermal limits (read by :func:`nvml_reader` once, and by
-    the GPU check): ``temperature_c``,
-    ``slowdown_c`` (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``) and ``margin_c``
-    (``nvmlDeviceGetMarginTemperature``), each the value or, where the call failed or this
-    nvidia-ml-py lacks it, ``None`` with the reason under ``<key>_error``."""
+    the GPU check): ``temperature_c``, ``slowdown_c`` (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``)
+    and ``margin_c`` (``nvmlDeviceGetMarginTemperature``), each the value or, where the call
+    failed or this nvidia-ml-py lacks it, ``None`` with the reason under ``<key>_error``."""
     calls = {"temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
                  handle, pynvml.NVML_TEMPERATURE_GPU),
              "slowdown_c": lambda: pynvml.nvmlDeviceGetTemperatureThreshold(
