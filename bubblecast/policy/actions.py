@@ -10,7 +10,7 @@ JSON form: ``{"action": "repartition", "partition": [4, 4]}``, ``{"action":
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from bubblecast.errors import BubblecastError
@@ -99,9 +99,11 @@ def _plain(value: Any) -> Any:
 
 
 def action_to_json(action: Action) -> dict[str, Any]:
+    """The JSON form: ``{"action": kind, field: value...}``, tuples as lists (every field
+    is a number, a string or tuples of them, so no deep copy is needed)."""
     out: dict[str, Any] = {"action": action.kind}
-    for key, value in asdict(action).items():
-        out[key] = _plain(value)
+    for f in fields(action):
+        out[f.name] = _plain(getattr(action, f.name))
     return out
 
 

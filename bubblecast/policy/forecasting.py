@@ -31,21 +31,23 @@ class SpeedForecaster(Protocol):
     def forecast(self, state: Any, horizons: np.ndarray) -> np.ndarray: ...
 
 
-def _line_stats(y: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Cumulative sums for O(1) least-squares line fits of any prefix or suffix of ``y``."""
-    n = y.shape[0]
-    x = np.arange(n, dtype=np.float64)[:, None]
-    zero = np.zeros((1, y.shape[1]))
-    return tuple(np.vstack([zero, np.cumsum(v, axis=0)]) for v in
-                 (np.ones_like(y), np.broadcast_to(x, y.shape), y, np.broadcast_to(x * x, y.shape),
-                  x * y, y * y))
+def _line_stats(y: np.ndarray) -> np.ndarray:
+    """Cumulative sums for O(1) least-squares line fits of any prefix or suffix of ``y``:
+    ``(n + 1, P, 6)``, the running sums of 1, x, y, x^2, xy and y^2 (row 0 all zeros)."""
+    n, p = y.shape
+    x = np.broadcast_to(np.arange(n, dtype=np.float64)[:, None], (n, p))
+    terms = np.stack([np.ones_like(y), x, y, x * x, x * y, y * y], axis=2)
+    return np.concatenate([np.zeros((1, p, 6)), np.cumsum(terms, axis=0)])
 
 
-def _fit(stats: tuple[np.ndarray, ...], lo: np.ndarray | int, hi: np.ndarray | int
+def _fit(stats: np.ndarray, lo: np.ndarray | int, hi: np.ndarray | int
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Least-squares line on rows ``[lo, hi)``: (slope, value at row hi-1, SSE, slope s.e.)."""
-    s, sx, sy, sxx, sxy, syy = (np.take_along_axis(c, np.atleast_2d(hi), 0)
-                                - np.take_along_axis(c, np.atleast_2d(lo), 0) for c in stats)
+    """Least-squares line on rows ``[lo, hi)`` (per column, broadcast over leading rows of
+    ``lo``/``hi``): (slope, value at row hi-1, SSE, slope s.e.)."""
+    lo, hi = np.atleast_2d(lo), np.atleast_2d(hi)
+    cols = np.arange(stats.shape[1])
+    d = stats[hi, cols] - stats[lo, cols]  # (K, P, 6)
+    s, sx, sy, sxx, sxy, syy = (d[..., i] for i in range(6))
     s = np.maximum(s, 1.0)  # empty ranges only occur in masked-out candidates
     sxx_c = np.maximum(sxx - sx * sx / s, 1e-12)
     sxy_c = sxy - sx * sy / s
@@ -55,6 +57,15 @@ def _fit(stats: tuple[np.ndarray, ...], lo: np.ndarray | int, hi: np.ndarray | i
     end = sy / s + slope * (np.asarray(hi, dtype=np.float64) - 1 - mean_x)
     se = np.sqrt(sse / np.maximum(s - 2, 1) / sxx_c)
     return slope, end, sse, se
+
+
+def _column_nanmedian(a: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(a, axis=0)`` for a 2-D ``a`` whose every column has a value (NaN sorts
+    last), without the masked arrays ``nanmedian`` builds for small inputs."""
+    ordered = np.sort(a, axis=0)
+    n = np.count_nonzero(~np.isnan(a), axis=0)
+    cols = np.arange(a.shape[1])
+    return (ordered[(n - 1) // 2, cols] + ordered[n // 2, cols]) / 2.0
 
 
 @dataclass
@@ -174,7 +185,7 @@ class TrendForecaster:
         rows = np.arange(total)[:, None]
         fitted = level[None, :] + slope[None, :] * (rows - total + 1)
         resid = np.where(rows >= first[None, :], np.abs(raw - fitted), np.nan)
-        sigma = 1.4826 * np.nanmedian(resid, axis=0)
+        sigma = 1.4826 * _column_nanmedian(resid)
         sigma = np.maximum(sigma, 1e-3 * np.abs(level))
         jump, jump_level, jump_sigma = self._jump(raw)
         level = np.where(jump, jump_level, level)

@@ -74,12 +74,6 @@ def canonical(plan: WorkPlan) -> WorkPlan:
     return replace(plan, microbatches=mbs)
 
 
-def _action_json(plan: WorkPlan) -> dict[str, Any]:
-    from bubblecast.policy.actions import action_to_json
-
-    return action_to_json(plan_action(plan))
-
-
 @dataclass
 class PlanWorker:
     """Plans one step from the speed history (picklable: it crosses into the worker process).
@@ -125,9 +119,12 @@ class PlanWorker:
         t0 = time.perf_counter()
         try:
             plan, record = self.plan_step(step, self.speeds(history), bool(history))
-            plan = canonical(plan)
-            record["action"] = _action_json(plan)
-            why = None
+            ordered = canonical(plan)
+            if ordered.microbatches != plan.microbatches:  # a subclass's plan_step
+                from bubblecast.policy.actions import action_to_json
+
+                record["action"] = action_to_json(plan_action(ordered))
+            plan, why = ordered, None
         except Exception as exc:  # noqa: BLE001 - fail open: the loader's order
             plan, record = None, {}
             why = f"the planner failed ({type(exc).__name__}: {' '.join(str(exc).split())})"
@@ -151,25 +148,26 @@ class PlanWorker:
 
     def plan_step(self, step: int, speeds: np.ndarray, seen: bool
                   ) -> tuple[WorkPlan, dict[str, Any]]:
-        """Step ``step``'s plan and its decision record; ``seen``: the speeds come from
-        telemetry (not the equal speeds of the first steps)."""
+        """Step ``step``'s plan (canonical: the record's action is the plan sent) and its
+        decision record; ``seen``: the speeds come from telemetry (not the equal speeds of the
+        first steps)."""
         from bubblecast.policy.decision import Decision
 
         x = self.loader.lengths(step)
         c = self.config
         if self.method == "loader":
-            plan = plan_static(x, c)
+            plan = canonical(plan_static(x, c))
             return plan, Decision(plan_action(plan), None, None, 0.0,
                                   "the data loader's order").to_json()
         if self.method == "tokens" or self.problem:
-            plan = plan_batch(x, c, TOKENS, None, method="tokens")
+            plan = canonical(plan_batch(x, c, TOKENS, None, method="tokens"))
             top = max((int(x[list(mb)].sum()) for rep in plan.microbatches for mb in rep),
                       default=0)
             why = self.problem or "token balancing"
             decision = Decision(plan_action(plan), None, None, 0.0,
                                 f"{why}: largest micro-batch {top:.0f} tokens")
             return plan, decision.to_json()
-        plan = plan_batch(x, c, self.work, speeds, method="balance")
+        plan = canonical(plan_batch(x, c, self.work, speeds, method="balance"))
         if not seen:
             decision = Decision(plan_action(plan), None, None, 0.0,
                                 f"no telemetry yet: equal speeds, counts {plan.counts}")
