@@ -46,8 +46,10 @@ what the cost model prices them at speed 1: packing does not change a step's wor
 policy whose ops run at a slower pace loses that share of its gain to something the model
 does not see), split into the ops no other rank computed beside (solo) and the rest (with
 the solo ops' share of the modelled work); the bound (every
-micro-batch at the step's mean cost) and the floor (no plan of the same documents into the same
-micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`). The cost model is
+micro-batch at the step's mean cost), the floor (no plan of the same documents into the same
+micro-batches beats it: :func:`bubblecast.policy.work_eval.step_floors`) and the optimum (the
+best plan, solved exactly: :func:`bubblecast.policy.work_eval.step_optima`, whose proven bound
+is the tight one). The cost model is
 also scored on the static trainer's ops, and ``static`` and ``loader`` ran the same
 micro-batches at the same steps, so their per-op time differences bound any cost model's error
 from below: the "noise floor" (for a prediction ``f`` of ops timed ``a`` and ``b``,
@@ -100,6 +102,8 @@ FACTOR = 1.5
 DILATION = 4.0
 #: Relative loss difference allowed between policies (float32 sums in another order).
 LOSS_RTOL = 1e-4
+#: Seconds the offline prediction's MILP may spend on each step's best plan.
+OPTIMUM_S = 2.0
 
 
 def documents_loader(seed: int) -> Any:
@@ -295,18 +299,24 @@ def offline_prediction(static: Any, cost: str) -> dict[str, dict[str, float | No
     """What ``policy-eval`` predicts for the documents the static trainer recorded, timed
     against the run's own fit (no simulator truth: :mod:`bubblecast.policy.work_truth`),
     ``balance`` with the benchmark's cost model: ``speedup``, each policy's over static, with
-    ``bound`` (static over the step with every micro-batch at the step's mean cost: no packing
-    does better with the loader's counts) and ``floor``; ``step_s``, each policy's predicted
-    step seconds (compute and bubbles: the fit leaves transfers and the rest of a step out)."""
+    ``bound`` (static over the step with every micro-batch at the step's mean cost: a
+    reference, not a limit, since light end micro-batches beat it), ``floor`` (the
+    critical-path floor) and ``optimum`` (the MILP's proven bound, at most
+    :data:`OPTIMUM_S` seconds a step: no plan of these documents is faster); ``step_s``, each
+    policy's predicted step seconds (compute and bubbles: the fit leaves transfers and the
+    rest of a step out)."""
     from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
 
     names = ["static", "tokens", "balance", "oracle"]
-    result, _ = evaluate_events(static, names, EvalConfig(cost_model=cost))
+    result, _ = evaluate_events(static, names, EvalConfig(cost_model=cost,
+                                                          optimum_s=OPTIMUM_S))
     rows = result["policies"]
     speedup: dict[str, float | None] = {n: float(rows[n]["speedup_vs_static"]) for n in names}
     speedup["bound"] = float(rows["static"]["step_s"] / rows["static"]["bound_step_s"])
     floor = rows["static"].get("floor_step_s")
     speedup["floor"] = float(rows["static"]["step_s"] / floor) if floor else None
+    optimum = rows["static"].get("optimum_step_s")
+    speedup["optimum"] = float(rows["static"]["step_s"] / optimum) if optimum else None
     return {"speedup": speedup, "step_s": {n: float(rows[n]["step_s"]) for n in names}}
 
 

@@ -32,6 +32,11 @@ def policy_eval(
         "or the calendar it reads missing, a run too short): 'trend' evaluates that run with "
         "the built-in trend forecaster, said on stderr and in the JSON ('fallback'). Default: "
         "exit 2 naming the missing input."),
+    optimum: float | None = typer.Option(
+        None, "--optimum", help="Packed-document runs of one replica: also solve each step's "
+        "best plan exactly (MILP, HiGHS) within SECONDS a step; reports optimum_step_s (no "
+        "plan is faster, proven) and optimum_best_s (the best plan found).",
+        metavar="SECONDS"),
     migration: Path | None = typer.Option(
         None, "--migration", help="JSON of migration constants (bandwidth_Bps, fixed_pause_s, "
         "optimizer_factor) or of measured migrations {\"migrations\": [{seconds, bytes}]} "
@@ -63,7 +68,7 @@ def policy_eval(
     config = EvalConfig(migration=constants, param_bytes=param_bytes,
                         layers_per_stage=layers_per_stage, memory_cap=memory_cap,
                         migration_from_runs=migration is None, cost_model=cost_model,
-                        fallback=fallback)
+                        fallback=fallback, optimum_s=optimum)
     if cluster is not None or skip_bad_runs:
         result, traces = _mapped(runs, names, config, format, model, run, cluster,
                                  skip_bad_runs, json_out)

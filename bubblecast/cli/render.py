@@ -105,6 +105,10 @@ def policy_rows(result: dict[str, Any], names: list[str]) -> list[str]:
                      f"{p['actions']:8d} {p['migration_s']:12.3f}{more}")
         notes += [f"{name}: {key.replace('_', ' ')}: {p[key]}" for key in ("cost_model", "note")
                   if p.get(key)]
+    first = result["policies"][names[0]] if names else {}
+    if first.get("optimum_step_s") is not None:
+        notes.append(f"optimum (MILP): no plan is faster than {first['optimum_step_s']:.5f} s "
+                     f"a step; the best plan found {first['optimum_best_s']:.5f} s")
     return lines + notes
 
 

@@ -100,7 +100,7 @@ def pip_requirements(kind: str) -> list[str]:
     """Pinned pip requirements of a logged model of ``kind`` (installed versions): the
     libraries bubblecast's load and predict path imports (bubblecast itself travels as code,
     :func:`package_source`)."""
-    names = ["numpy", "pandas", "pyarrow", "scikit-learn"]
+    names = ["numpy", "pandas", "pyarrow", "scikit-learn", "scipy"]
     names += {"lgbm": ["lightgbm"], "seq": ["torch"], "cost": ["lightgbm"]}.get(kind, [])
     reqs = []
     for name in names:

@@ -85,7 +85,9 @@ class EvalConfig:
     fitted to them instead of ``migration``; ``cost_model``: the ``balance`` policy's learned
     cost model (a model directory, a ``models:/`` URI or a loaded model; None fits one online);
     ``fallback``: ``"trend"`` evaluates a run the trained model cannot forecast with the
-    built-in trend forecaster (reported), None refuses it (BubblecastError naming the input).
+    built-in trend forecaster (reported), None refuses it (BubblecastError naming the input);
+    ``optimum_s``: on packed-document runs of one replica, also solve each step's best plan
+    exactly (MILP) within this many seconds a step (``optimum_step_s``, ``optimum_best_s``).
     """
 
     migration: MigrationConstants = field(default_factory=MigrationConstants)
@@ -98,8 +100,13 @@ class EvalConfig:
     migration_from_runs: bool = True
     cost_model: Any = None
     fallback: str | None = None
+    optimum_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.optimum_s is not None and not (np.isfinite(self.optimum_s)
+                                               and self.optimum_s > 0):
+            raise BubblecastError(f"--optimum: seconds per step must be > 0, got "
+                                  f"{self.optimum_s}")
         if self.fallback is not None and self.fallback not in FALLBACKS:
             raise BubblecastError(f"--fallback: unknown forecaster '{self.fallback}' (known: "
                                   f"{', '.join(FALLBACKS)})")

@@ -21,8 +21,10 @@ loader's, ``migration_s``: 0): ``imbalance_degree`` (mean over steps of the slow
 micro-batch's true cost x micro-batches / the step's total true cost), ``bound_step_s`` (the
 step time if every micro-batch cost the step's mean, with the loader's counts: the same for
 every policy), ``floor_step_s`` (no plan of the documents into the loader's counts is faster:
-:func:`step_floors`; None where it does not apply), ``decision_ms`` (mean planning time per
-step, measured) and, for ``balance``,
+:func:`step_floors`; None where it does not apply), ``optimum_step_s`` and
+``optimum_best_s`` (asked for with ``EvalConfig.optimum_s``, one replica only: per step the
+MILP's proven lower bound and the best plan it found, :func:`step_optima`; None otherwise),
+``decision_ms`` (mean planning time per step, measured) and, for ``balance``,
 ``cost_model`` (where its costs come from) and ``microbatch_counts``.
 """
 
@@ -261,6 +263,29 @@ def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
     return np.asarray(floors, dtype=np.float64)
 
 
+def step_optima(context: WorkContext, truth: WorkTruth, time_limit_s: float | None
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per step, the best plan of the step's documents into the loader's micro-batch count
+    by :func:`~bubblecast.policy.work_optimum.optimal_step` (timed against the truth, at most
+    ``time_limit_s`` seconds each): ``(best, bound)`` seconds, ``bound`` proven (no plan is
+    faster). None when not asked for (``time_limit_s`` None) or with several replicas."""
+    from bubblecast.policy.work_optimum import optimal_step
+
+    c = context.config
+    if time_limit_s is None or c.replicas != 1:
+        return None
+    kinds = stage_kinds(c.schedule, c.stages, truth.chunks, truth.speed,
+                        truth.vstage_kind[:, None])
+    best, bound = [], []
+    for t, x in enumerate(context.lengths):
+        got = optimal_step(np.asarray(x), c.microbatches, c.token_budget, truth.cost,
+                           kinds[t, 0], c.schedule, c.stages, truth.chunks, truth.comm_s,
+                           time_limit_s)
+        best.append(got.best_s)
+        bound.append(got.bound_s)
+    return np.asarray(best, dtype=np.float64), np.asarray(bound, dtype=np.float64)
+
+
 @functools.lru_cache(maxsize=4)
 def _loaded_cost_model(source: str) -> Any:
     from bubblecast.policy.plan_api import load_cost
@@ -328,11 +353,15 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     bound = float(timed[-1][0].mean())
     floors = step_floors(context, truth)
     floor = float(floors.mean()) if floors is not None and len(floors) else None
+    optima = step_optima(context, truth, getattr(config, "optimum_s", None))
+    optimum = {"optimum_step_s": float(optima[1].mean()) if optima else None,
+               "optimum_best_s": float(np.nanmean(optima[0])) if optima else None}
     for (step, idle, cells), name in zip(timed, wanted, strict=False):
         tr = traces[name]
         tr.step_s, tr.idle_s, tr.cells_s = step, idle, cells
         tr.extra["bound_step_s"] = bound
         tr.extra["floor_step_s"] = floor
+        tr.extra.update(optimum)
     summary = {name: traces[name].summary() for name in wanted}
     compare(summary, config)
     oracle = summary["oracle"]
@@ -342,7 +371,7 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
               "oracle_gain": oracle["gain_vs_static"] if oracle["oracle_share"] is not None
               else None,
               "migration": {"source": "none: plans move documents, never layers"},
-              "bound_step_s": bound, "floor_step_s": floor,
+              "bound_step_s": bound, "floor_step_s": floor, **optimum,
               "policies": {n: summary[n] for n in names}}
     if "balance" in traces:
         report["cost_model"] = traces["balance"].extra["cost_model"]
@@ -351,11 +380,12 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
 
 def work_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Across runs, the work-planning keys of one policy's rows: plain means of
-    ``imbalance_degree``, ``bound_step_s``, ``floor_step_s`` and ``decision_ms`` over the runs
-    that have them, the distinct ``cost_model`` and ``note`` texts, and summed counts of
-    rebalanced steps."""
+    ``imbalance_degree``, ``bound_step_s``, ``floor_step_s``, ``optimum_step_s``,
+    ``optimum_best_s`` and ``decision_ms`` over the runs that have them, the distinct
+    ``cost_model`` and ``note`` texts, and summed counts of rebalanced steps."""
     out: dict[str, Any] = {}
-    for key in ("imbalance_degree", "bound_step_s", "floor_step_s", "decision_ms"):
+    for key in ("imbalance_degree", "bound_step_s", "floor_step_s", "optimum_step_s",
+                "optimum_best_s", "decision_ms"):
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             out[key] = float(np.mean(values))
@@ -373,4 +403,4 @@ def work_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 __all__ = ["MODE", "NO_DOCUMENTS", "ONLINE_COST", "WorkTrace", "check_plan", "cost_model_for",
            "evaluate_work_run", "is_document_run", "load_document_run", "observed_context",
-           "work_aggregate"]
+           "step_optima", "work_aggregate"]

@@ -116,3 +116,29 @@ def test_whatif_balanced_work_estimates_speeds_without_the_speed_column():
     measured = BubbleAnalysis(blind).whatif()["scenarios"]["balanced_work"]
     # speeds estimated from the durations alone give nearly the same counterfactual
     assert measured["speedup"] == pytest.approx(truthful["speedup"], rel=0.03)
+
+
+def test_policy_eval_optimum_bounds_every_policy_on_one_replica(capsys, tmp_path):
+    """``--optimum``: each step's best plan solved exactly; its proven bound is below every
+    policy's step, the best plan found above the bound, and the keys stay null without the
+    flag or with several replicas."""
+    one = tmp_path / "one.parquet"
+    write_events(simulate_events(SimConfig(stages=2, microbatches=4, replicas=1, steps=6,
+                                           documents="lognormal", attention_share=0.5,
+                                           seed=3)), one)
+    doc = _json(capsys, ["policy-eval", str(one), "--policies", POLICIES, "--optimum", "5",
+                         "--json"])
+    p = doc["policies"]
+    bound, best = p["static"]["optimum_step_s"], p["static"]["optimum_best_s"]
+    assert bound <= best * (1 + 1e-12) and best <= bound * 1.01
+    for name in POLICIES.split(","):
+        assert p[name]["optimum_step_s"] == bound  # one number per run, beside every policy
+        assert bound <= p[name]["step_s"] * (1 + 1e-9), name
+    assert best < p["static"]["step_s"]
+    plain = _json(capsys, ["policy-eval", str(one), "--policies", POLICIES, "--json"])
+    assert plain["policies"]["static"].get("optimum_step_s") is None
+    many = _json(capsys, ["policy-eval", str(SAMPLES[0]), "--policies", "static,oracle",
+                          "--optimum", "1", "--json"])
+    assert many["policies"]["static"].get("optimum_step_s") is None  # several replicas
+    err = _error(capsys, ["policy-eval", str(one), "--optimum", "-1"])
+    assert "--optimum: seconds per step must be > 0" in err
