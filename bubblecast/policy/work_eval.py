@@ -266,9 +266,10 @@ def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
 def step_optima(context: WorkContext, truth: WorkTruth, time_limit_s: float | None
                 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Per step, the best plan of the step's documents into the loader's micro-batch count
-    by :func:`~bubblecast.policy.work_optimum.optimal_step` (timed against the truth, at most
-    ``time_limit_s`` seconds each): ``(best, bound)`` seconds, ``bound`` proven (no plan is
-    faster). None when not asked for (``time_limit_s`` None) or with several replicas."""
+    (every micro-batch non-empty) by :func:`~bubblecast.policy.work_optimum.optimal_step`,
+    timed against the truth, at most ``time_limit_s`` seconds each: ``(best, bound)``
+    seconds, ``bound`` proven (no such plan is faster). None when not asked for
+    (``time_limit_s`` None) or with several replicas."""
     from bubblecast.policy.work_optimum import optimal_step
 
     c = context.config
