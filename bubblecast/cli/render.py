@@ -108,7 +108,7 @@ def policy_rows(result: dict[str, Any], names: list[str]) -> list[str]:
     first = result["policies"][names[0]] if names else {}
     if first.get("optimum_step_s") is not None:
         notes.append(f"optimum (MILP): no plan is faster than {first['optimum_step_s']:.5f} s "
-                     f"a step; the best plan found {first['optimum_best_s']:.5f} s")
+                     f"a step; the best plan found {fmt(first.get('optimum_best_s'), '.5f')} s")
     return lines + notes
 
 

@@ -287,6 +287,14 @@ def step_optima(context: WorkContext, truth: WorkTruth, time_limit_s: float | No
     return np.asarray(best, dtype=np.float64), np.asarray(bound, dtype=np.float64)
 
 
+def _finite_mean(values: np.ndarray | None) -> float | None:
+    """The mean of per-step values, None when there are none or one is not finite (a step
+    whose MILP found no plan within its time limit leaves the best plans' mean undefined)."""
+    if values is None or not len(values) or not np.isfinite(values).all():
+        return None
+    return float(values.mean())
+
+
 @functools.lru_cache(maxsize=4)
 def _loaded_cost_model(source: str) -> Any:
     from bubblecast.policy.plan_api import load_cost
@@ -354,9 +362,8 @@ def evaluate_work_run(events: Events, run_id: str, names: list[str], config: Any
     bound = float(timed[-1][0].mean())
     floors = step_floors(context, truth)
     floor = float(floors.mean()) if floors is not None and len(floors) else None
-    optima = step_optima(context, truth, getattr(config, "optimum_s", None))
-    optimum = {"optimum_step_s": float(optima[1].mean()) if optima else None,
-               "optimum_best_s": float(np.nanmean(optima[0])) if optima else None}
+    best, proven = step_optima(context, truth, getattr(config, "optimum_s", None)) or (None, None)
+    optimum = {"optimum_step_s": _finite_mean(proven), "optimum_best_s": _finite_mean(best)}
     for (step, idle, cells), name in zip(timed, wanted, strict=False):
         tr = traces[name]
         tr.step_s, tr.idle_s, tr.cells_s = step, idle, cells

@@ -142,3 +142,30 @@ def test_policy_eval_optimum_bounds_every_policy_on_one_replica(capsys, tmp_path
     assert many["policies"]["static"].get("optimum_step_s") is None  # several replicas
     err = _error(capsys, ["policy-eval", str(one), "--optimum", "-1"])
     assert "--optimum: seconds per step must be > 0" in err
+
+
+def test_a_step_without_a_best_plan_in_time_leaves_only_the_bound(capsys, tmp_path, monkeypatch):
+    """A MILP stopped by its time limit before any plan (here: every step with an odd number
+    of documents): the bound still holds, the best plans' mean is null (never NaN in the
+    JSON), and the text report says so with a dash."""
+    import dataclasses
+
+    from bubblecast.policy import work_optimum
+
+    real = work_optimum.optimal_step
+
+    def odd_steps_unsolved(*args, **kwargs):
+        got = real(*args, **kwargs)
+        return dataclasses.replace(got, best_s=float("nan")) if len(args[0]) % 2 else got
+
+    monkeypatch.setattr(work_optimum, "optimal_step", odd_steps_unsolved)
+    one = tmp_path / "one.parquet"
+    write_events(simulate_events(SimConfig(stages=2, microbatches=4, replicas=1, steps=6,
+                                           documents="lognormal", attention_share=0.5,
+                                           seed=3)), one)
+    doc = _json(capsys, ["policy-eval", str(one), "--policies", "static,oracle", "--optimum",
+                         "5", "--json"])
+    row = doc["policies"]["static"]
+    assert row["optimum_step_s"] > 0 and row.get("optimum_best_s") is None
+    assert main(["policy-eval", str(one), "--policies", "static,oracle", "--optimum", "5"]) == 0
+    assert "the best plan found - s" in capsys.readouterr().out
