@@ -22,11 +22,13 @@ exactly as :func:`~bubblecast.policy.work_timing.time_replicas` times it (a test
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from bubblecast.errors import BubblecastError
 from bubblecast.sim.documents import WorkCost
+from bubblecast.sim.schedules import ScheduleGraph
 from bubblecast.sim.steptime import shape_graph, timing_shape
 
 #: Seconds HiGHS may spend on one step by default.
@@ -53,7 +55,7 @@ class StepOptimum:
         return max(0.0, (self.best_s - self.bound_s) / self.best_s)
 
 
-def _op_coefficients(sg: object, kinds: np.ndarray) -> np.ndarray:
+def _op_coefficients(sg: ScheduleGraph, kinds: np.ndarray) -> np.ndarray:
     """Each op's seconds per unit of its micro-batch's cost: F, B or W of its virtual stage, a
     backward without its own W op carrying B + W."""
     coef = kinds[sg.vstage, sg.kind].copy()
@@ -62,8 +64,8 @@ def _op_coefficients(sg: object, kinds: np.ndarray) -> np.ndarray:
 
 
 def _constraints(lengths: np.ndarray, doc_cost: np.ndarray, fixed: float, budget: int,
-                 m: int, sg: object, coef: np.ndarray, comm_s: float
-                 ) -> tuple[object, np.ndarray, np.ndarray, int]:
+                 m: int, sg: ScheduleGraph, coef: np.ndarray, comm_s: float
+                 ) -> tuple[Any, np.ndarray, np.ndarray, int]:
     """The MILP's rows ``(A, lower, upper)`` and its number of variables: ``x[d, j]`` (document
     ``d`` in micro-batch ``j``, index ``d * m + j``), each op's start, then the step's end."""
     from scipy.sparse import coo_matrix
