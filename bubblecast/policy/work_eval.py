@@ -243,6 +243,14 @@ def _bound(costs: list[list[np.ndarray]], microbatches: int) -> list[list[np.nda
     return out
 
 
+def _step_kinds(context: WorkContext, truth: WorkTruth) -> np.ndarray:
+    """``(T, R, V, 3)``: per step and replica, each virtual stage's true F, B and W seconds
+    per unit of cost, the rank's true speed included."""
+    c = context.config
+    return stage_kinds(c.schedule, c.stages, truth.chunks, truth.speed,
+                       truth.vstage_kind[:, None])
+
+
 def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
     """Per step, :func:`~bubblecast.policy.work_timing.critical_path_floor`: no plan of the
     step's documents into the loader's micro-batch count is faster (timed against the truth);
@@ -252,7 +260,7 @@ def step_floors(context: WorkContext, truth: WorkTruth) -> np.ndarray | None:
     if c.replicas != 1 or truth.chunks != 1 or c.microbatches < 2 \
             or c.schedule not in ("1f1b", "gpipe"):
         return None
-    kinds = stage_kinds(c.schedule, c.stages, 1, truth.speed, truth.vstage_kind[:, None])
+    kinds = _step_kinds(context, truth)
     w, floors = truth.cost, []
     for t, x in enumerate(context.lengths):
         x = np.asarray(x, dtype=np.float64)
@@ -275,8 +283,7 @@ def step_optima(context: WorkContext, truth: WorkTruth, time_limit_s: float | No
     c = context.config
     if time_limit_s is None or c.replicas != 1:
         return None
-    kinds = stage_kinds(c.schedule, c.stages, truth.chunks, truth.speed,
-                        truth.vstage_kind[:, None])
+    kinds = _step_kinds(context, truth)
     best, bound = [], []
     for t, x in enumerate(context.lengths):
         got = optimal_step(np.asarray(x), c.microbatches, c.token_budget, truth.cost,

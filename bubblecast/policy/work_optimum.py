@@ -165,6 +165,9 @@ def optimal_step(lengths: np.ndarray, microbatches: int, token_budget: int, cost
     if res.x is None:
         return StepOptimum(float("nan"), bound, np.zeros(0, dtype=np.int64), False)
     slots = res.x[:nb].reshape(len(x), m).argmax(axis=1).astype(np.int64)
-    best = float(res.fun)
-    return StepOptimum(best, min(bound, best) if np.isfinite(bound) else best, slots,
-                       res.status == 0)
+    best, proven = float(res.fun), res.status == 0
+    if np.isfinite(bound):
+        bound = min(bound, best)
+    elif proven:  # no dual bound reported, but the best plan is optimal: it is the bound
+        bound = best
+    return StepOptimum(best, bound, slots, proven)

@@ -119,8 +119,8 @@ class PlanWorker:
         t0 = time.perf_counter()
         try:
             plan, record = self.plan_step(step, self.speeds(history), bool(history))
-            ordered = canonical(plan)
-            if ordered.microbatches != plan.microbatches:  # a subclass's plan_step
+            ordered = canonical(plan)  # the planner's plans already are; a subclass's may not
+            if ordered.microbatches != plan.microbatches:
                 from bubblecast.policy.actions import action_to_json
 
                 record["action"] = action_to_json(plan_action(ordered))
@@ -148,26 +148,25 @@ class PlanWorker:
 
     def plan_step(self, step: int, speeds: np.ndarray, seen: bool
                   ) -> tuple[WorkPlan, dict[str, Any]]:
-        """Step ``step``'s plan (canonical: the record's action is the plan sent) and its
-        decision record; ``seen``: the speeds come from telemetry (not the equal speeds of the
-        first steps)."""
+        """Step ``step``'s plan and its decision record; ``seen``: the speeds come from
+        telemetry (not the equal speeds of the first steps)."""
         from bubblecast.policy.decision import Decision
 
         x = self.loader.lengths(step)
         c = self.config
         if self.method == "loader":
-            plan = canonical(plan_static(x, c))
+            plan = plan_static(x, c)
             return plan, Decision(plan_action(plan), None, None, 0.0,
                                   "the data loader's order").to_json()
         if self.method == "tokens" or self.problem:
-            plan = canonical(plan_batch(x, c, TOKENS, None, method="tokens"))
+            plan = plan_batch(x, c, TOKENS, None, method="tokens")
             top = max((int(x[list(mb)].sum()) for rep in plan.microbatches for mb in rep),
                       default=0)
             why = self.problem or "token balancing"
             decision = Decision(plan_action(plan), None, None, 0.0,
                                 f"{why}: largest micro-batch {top:.0f} tokens")
             return plan, decision.to_json()
-        plan = canonical(plan_batch(x, c, self.work, speeds, method="balance"))
+        plan = plan_batch(x, c, self.work, speeds, method="balance")
         if not seen:
             decision = Decision(plan_action(plan), None, None, 0.0,
                                 f"no telemetry yet: equal speeds, counts {plan.counts}")
