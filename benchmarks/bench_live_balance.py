@@ -284,7 +284,7 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         from bubblecast.forecast.cost_modeldir import load_cost_model
 
         model = load_cost_model(cost)
-        out["offline"] = offline_prediction(static, cost)
+        out["offline"] = offline_prediction(static, model)
         out["cost_noise"] = cost_noise(static, read_events(job_dir / "loader.parquet"), model)
         for name, spec in runs.items():
             events = static if name == "static" else \
@@ -295,11 +295,12 @@ def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -
         return out
 
 
-def offline_prediction(static: Any, cost: str) -> dict[str, dict[str, float | None]]:
+def offline_prediction(static: Any, model: Any) -> dict[str, dict[str, float | None]]:
     """What ``policy-eval`` predicts for the documents the static trainer recorded, timed
     against the run's own fit (no simulator truth: :mod:`bubblecast.policy.work_truth`),
-    ``balance`` with the benchmark's cost model: ``speedup``, each policy's over static, with
-    ``bound`` (static over the step with every micro-batch at the step's mean cost: a
+    ``balance`` with the benchmark's cost model ``model`` (loaded once per launch):
+    ``speedup``, each policy's over static, with ``bound`` (static over the step with every
+    micro-batch at the step's mean cost: a
     reference, not a limit, since light end micro-batches beat it), ``floor`` (the
     critical-path floor) and ``optimum`` (the MILP's proven bound, at most
     :data:`OPTIMUM_S` seconds a step: no plan of these documents is faster); ``step_s``, each
@@ -308,7 +309,7 @@ def offline_prediction(static: Any, cost: str) -> dict[str, dict[str, float | No
     from bubblecast.policy.policy_evaluation import EvalConfig, evaluate_events
 
     names = ["static", "tokens", "balance", "oracle"]
-    result, _ = evaluate_events(static, names, EvalConfig(cost_model=cost,
+    result, _ = evaluate_events(static, names, EvalConfig(cost_model=model,
                                                           optimum_s=OPTIMUM_S))
     rows = result["policies"]
     speedup: dict[str, float | None] = {n: float(rows[n]["speedup_vs_static"]) for n in names}
