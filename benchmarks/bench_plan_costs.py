@@ -55,6 +55,9 @@ class StageTimer:
     def __init__(self, loader: Any, reps: int) -> None:
         import torch
 
+        from bubblecast.runtime.host_allocator import keep_freed_memory
+
+        keep_freed_memory()  # the host allocator as on the live trainers' (gloo) ranks
         m = MODELS["documents"]
         half = m["layers"] // 2
         torch.set_num_threads(1)

@@ -50,7 +50,9 @@ StepCallback = Callable[["Trainer", "float | None"], "Action | dict | None"]
 def init_distributed(backend: str = "auto") -> str:
     """Initialise the default process group from torchrun's environment; the backend used.
 
-    ``BUBBLECAST_DIST_TIMEOUT_S`` (seconds) bounds how long a collective waits for a peer.
+    ``BUBBLECAST_DIST_TIMEOUT_S`` (seconds) bounds how long a collective waits for a peer. A
+    gloo (CPU) rank keeps its freed host memory for reuse, as a GPU rank's caching allocator
+    does (:mod:`bubblecast.runtime.host_allocator`; ``BUBBLECAST_HOST_MALLOC=system`` opts out).
     """
     if not dist.is_initialized():
         from datetime import timedelta
@@ -63,6 +65,10 @@ def init_distributed(backend: str = "auto") -> str:
                 else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if backend == "gloo":
+            from bubblecast.runtime.host_allocator import keep_freed_memory
+
+            keep_freed_memory()
         dist.init_process_group(backend=backend, **kwargs)
     return dist.get_backend()
 
