@@ -9,7 +9,8 @@ Two settings (issue 25's goals), each ``--runs`` times:
   of replica 1 slowed 1.5x from step ``onset`` on. Four ranks share this machine's 2 cores, so
   every rank's compute ops are stretched ``DILATION`` times by sleeping after them (an emulated
   device that much slower than the CPU): the ranks then need about one core between them, and
-  the slowed replica's sleep does not hand the healthy one extra cores.
+  the slowed replica's sleep does not hand the healthy one extra cores. ``--dilation X``
+  stretches the documents setting's two ranks the same way (default: not stretched).
 
 First, per setting, two static runs of the same setup are recorded (``collect``'s code path,
 healthy) and the learned cost model is fitted to them (``CostModel``, the learner chosen on the
@@ -58,7 +59,7 @@ put an error above ``x``: the p90 error of any model is at least the 80th percen
 spread). Plain means over runs.
 
     python benchmarks/bench_live_balance.py [--quick] [--runs 3] [--settings documents]
-        [--out results/live_balance-documents.json]
+        [--dilation 2] [--out results/live_balance-documents.json]
 
 Prints a table, writes benchmarks/results/live_balance.json (``--quick``: live_balance-quick).
 """
@@ -100,6 +101,9 @@ FACTOR = 1.5
 #: rank: the emulated device is that much slower than this CPU), so the ranks need about one
 #: core between them and a sleeping slow replica does not hand its cores to the healthy one.
 DILATION = 4.0
+#: The documents setting's stretch by default: none (``--dilation`` sets one: its two ranks
+#: then compute part of the time, as slow-replica's four do).
+DOCUMENTS_DILATION = 1.0
 #: Relative loss difference allowed between policies (float32 sums in another order).
 LOSS_RTOL = 1e-4
 #: Seconds the offline prediction's MILP may spend on each step's best plan.
@@ -135,12 +139,14 @@ def train_config(setting: str, steps: int, seed: int, run_id: str,
                        run_id=run_id, inject=inject, layer_cost_every=0)
 
 
-def dilation_spec(setting: str) -> str | None:
-    """Every rank stretched :data:`DILATION` times (slow-replica only)."""
-    if setting != "slow-replica":
+def dilation_spec(setting: str, documents: float = DOCUMENTS_DILATION) -> str | None:
+    """Every rank stretched :data:`DILATION` times in slow-replica, ``documents`` times in
+    the documents setting (None: not stretched)."""
+    factor = DILATION if setting == "slow-replica" else documents
+    if factor == 1.0:
         return None
     ranks = SETTINGS[setting]["replicas"] * SETTINGS[setting]["stages"]
-    return ";".join(f"rank={r},factor={DILATION:g}" for r in range(ranks))
+    return ";".join(f"rank={r},factor={factor:g}" for r in range(ranks))
 
 
 def slow_spec(onset: int) -> str:
@@ -151,9 +157,11 @@ def slow_spec(onset: int) -> str:
 
 
 # -- the cost model: two recorded static runs of the same setup ------------------------------
-def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, dict[str, Any]]:
-    """Record two static runs, fit the cost model on one and score it on the other; its
-    directory and held-out metrics."""
+def cost_model(setting: str, scale: dict[str, int], root: Path,
+               stretch: str | None) -> tuple[str, dict[str, Any]]:
+    """Record two static runs (every rank stretched by ``stretch``, an ``--inject`` spec, or
+    not), fit the cost model on one and score it on the other; its directory and held-out
+    metrics."""
     from bubblecast.forecast.cost_model import CostModel
     from bubblecast.forecast.cost_modeldir import save_cost_model
     from bubblecast.runtime.launch import run_out_job
@@ -164,7 +172,7 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     for seed in (11, 12):
         out = root / f"{setting}-collect-{seed}.parquet"
         run_out_job(out, train_config(setting, scale["collect"], seed, f"collect-{seed}",
-                                      dilation_spec(setting)), timeout=1800)
+                                      stretch), timeout=1800)
         recorded[f"collect-{seed}"] = (seed, read_events(out))
     model = CostModel(holdout=0.5, seed=0).fit(Events.concat([e for _, e in recorded.values()]))
     where = root / f"{setting}-cost"
@@ -174,7 +182,7 @@ def cost_model(setting: str, scale: dict[str, int], root: Path) -> tuple[str, di
     seed, held_events = recorded[held]
     twin = root / f"{setting}-collect-{seed}-twin.parquet"
     run_out_job(twin, train_config(setting, scale["collect"], seed, f"{held}-twin",
-                                   dilation_spec(setting)), timeout=1800)
+                                   stretch), timeout=1800)
     noise = op_spread(held_events, read_events(twin))
     # a reference, not a bound: the chosen learner and speed window fitted on the held-out
     # run itself and scored there (what this model family reaches having seen the run)
@@ -254,16 +262,19 @@ def _timed(fn: Any, sink: list[float]) -> Any:
     return call
 
 
-def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str) -> dict:
+def run_interleaved(setting: str, scale: dict[str, int], seed: int, cost: str,
+                    stretch: str | None) -> dict:
+    """One launch of every trainer of ``setting``, each rank stretched by ``stretch`` (an
+    ``--inject`` spec, or None); the raw per-trainer results and the offline prediction."""
     from bubblecast.runtime.launch import failure_message, launch
 
     slow = setting == "slow-replica"
-    inject = slow_spec(scale["onset"]) if slow else None
+    inject = slow_spec(scale["onset"]) if slow else stretch
     runs: dict[str, Any] = {}
     for name in (*POLICIES, "loader", "unrecorded", *(("healthy",) if slow else ())):
         planner = name if name in ("tokens", "balance") else "static"
         config = train_config(setting, scale["steps"], seed, f"{setting}-{name}",
-                              dilation_spec(setting) if name == "healthy" else inject)
+                              stretch if name == "healthy" else inject)
         config = replace(config, planner=planner,
                          cost_model=cost if planner == "balance" else None)
         runs[name] = {"config": config.to_json(), "record": name != "unrecorded",
@@ -433,6 +444,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--dilation", type=float, default=DOCUMENTS_DILATION,
+                    help="stretch every rank's compute this many times in the documents "
+                         "setting (an emulated device that much slower than this CPU; "
+                         "default 1: not stretched)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results JSON (default: results/live_balance.json, -quick with --quick)")
     args = ap.parse_args()
@@ -440,19 +455,21 @@ def main() -> None:
     from _results import run_header, write_json
 
     doc: dict[str, Any] = run_header("live_balance", models=MODELS, scale=scale,
-                                     factor=FACTOR, dilation=DILATION, runs=args.runs,
+                                     factor=FACTOR, dilation=DILATION,
+                                     documents_dilation=args.dilation, runs=args.runs,
                                      settings={})
     with tempfile.TemporaryDirectory(prefix="bench-live-balance-cost-") as tmp:
         for setting in args.settings.split(","):
             print(f"{setting}: recording two static runs for the cost model ...",
                   file=sys.stderr, flush=True)
-            cost, metrics = cost_model(setting, scale, Path(tmp))
+            stretch = dilation_spec(setting, args.dilation)
+            cost, metrics = cost_model(setting, scale, Path(tmp), stretch)
             runs = []
             for k in range(args.runs):
                 print(f"{setting}: interleaved run {k + 1}/{args.runs} ...", file=sys.stderr,
                       flush=True)
                 runs.append(summarise_run(setting, run_interleaved(setting, scale, 100 + k,
-                                                                   cost), scale))
+                                                                   cost, stretch), scale))
             names = [n for n in runs[0] if isinstance(runs[0][n], dict)
                      and n not in ("offline_speedup", "offline_step_s", "per_step_s",
                                    "cost_noise", "saving_share_of_offline")]

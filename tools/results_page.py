@@ -124,11 +124,19 @@ ABOUT = {
     "plan_costs": ("The same steps' plans timed by their measured micro-batch costs (each run "
                    "in isolation on the real stages, composed by the engine) and by the learned "
                    "cost model.", "Plans: measured costs against the cost model"),
+    "host_allocator": ("The host allocator A/B: the same packed steps, by the loader's packing "
+                       "and by token balancing, with a gloo rank's allocator and with glibc's "
+                       "own thresholds: seconds and page faults a step.",
+                       "The host allocator"),
+    "host_interference": ("What slows a rank's compute on this host: a second process "
+                          "computing beside it, or gloo transfers on the computing cores.",
+                          "Work balancing, live"),
 }
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "live_balance", "plan_costs", "plan_worker",
+         "forecast", "policy", "guard", "balance", "live_balance", "plan_costs",
+         "host_allocator", "host_interference", "plan_worker",
          "serve", "live", "decision_thread", "fleet", "read")
 
 
@@ -836,6 +844,29 @@ def r_plan_worker(doc: dict) -> list[str]:
     return lines + table(["arm", "step ms", "vs none", "se", "planning ms per call"], rows)
 
 
+def r_host_allocator(doc: dict) -> list[str]:
+    lines = [f"Documents setting, {doc['steps']} steps x {doc['passes']} passes (the first "
+             f"{doc['warm']} dropped), every micro-batch's forward then every backward in one "
+             "process; `kept`: a gloo rank's allocator, `system`: glibc's own thresholds.", ""]
+    rows = [(name, fmt(a["step_s"]["loader"] * 1e3, ".1f"),
+             fmt(a["step_s"]["tokens"] * 1e3, ".1f"), fmt(a["tokens_over_loader"], ".4f"),
+             fmt(a["faults_per_step"]["loader"], ".0f"),
+             fmt(a["faults_per_step"]["tokens"], ".0f"))
+            for name, a in doc["allocators"].items()]
+    return lines + table(["allocator", "loader ms", "tokens ms", "tokens / loader",
+                          "loader faults a step", "tokens faults a step"], rows)
+
+
+def r_host_interference(doc: dict) -> list[str]:
+    lines = [f"One full micro-batch of {doc['docs']} documents on the documents setting's first "
+             f"stage, F+B, one thread; {fmt(doc['seconds'])} s per arm and repeat, arms "
+             f"alternating; transfers: 1 MiB each way at {fmt(doc['rate'])} a second.", ""]
+    rows = [(arm, *(fmt(v, ".2f") for v in vals)) for arm, vals in doc["median_ms"].items()]
+    rows += [(name, *(fmt(v, ".3f") for v in vals)) for name, vals in doc["ratios"].items()]
+    return lines + table(["median op ms", *(f"repeat {k + 1}" for k in range(doc["repeats"]))],
+                         rows)
+
+
 def r_device_check(doc: dict) -> list[str]:
     lines = [f"{doc['device']}, torch {doc['torch']} (CUDA {doc['cuda']}); the device's own "
              "image, not this project's pins.", ""]
@@ -874,6 +905,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "balance": r_balance,
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
     "plan_costs": r_plan_costs, "device_check": r_device_check,
+    "host_allocator": r_host_allocator, "host_interference": r_host_interference,
 }
 
 
