@@ -30,8 +30,9 @@ How (:func:`plan_batch`):
 4. **Polish** (:mod:`bubblecast.policy.work_polish`): single documents move between the
    replica's micro-batches while the best such move, timed by steptime, shortens its step
    (the schedule's own waits, which the proxy of step 2 leaves out: a heavy micro-batch
-   mid-pipeline stalls the next stage). The plan's predicted step time is its slowest
-   replica's.
+   mid-pipeline stalls the next stage). Only the replica that sets the step is polished,
+   then the one that sets it after that, and so on: the plan's predicted step time is its
+   slowest replica's.
 
 If packing with uneven counts leaves a document no room, equal counts are packed instead; if
 that fails too (no micro-batch has room), the plan falls back to the data loader's packing
@@ -68,11 +69,11 @@ class PlanConfig:
     micro-batch's cost over F, B and W (as ``--f/--b/--w``) for the step-time check.
     ``rebalance_counts``: let replicas run different numbers of micro-batches;
     ``refine_moves``: the most single-document moves after packing (between replicas);
-    ``polish_rounds``: the most single-document moves within each replica after its order
-    is chosen, each timed by steptime (step 4 of the module doc; 0 turns it off);
-    ``polish_max_moves``: a replica with more candidate moves a round than this (documents x
-    other micro-batches) is not polished, which keeps large plans' decision time at the
-    packing's (a fleet-scale step: 1,024 documents into 8 x 16 micro-batches)."""
+    ``polish_rounds``: the most single-document moves within a replica after its order is
+    chosen, each timed by steptime (step 4 of the module doc; 0 turns it off);
+    ``polish_max_moves``: the polish stops at a slowest replica with more candidate moves a
+    round than this (documents x other micro-batches), which keeps large plans' decision
+    time at the packing's (a fleet-scale step: 1,024 documents into 8 x 16 micro-batches)."""
 
     token_budget: int
     replicas: int = 1
@@ -433,14 +434,28 @@ def _finish(config: PlanConfig, bins: list[list[int]], bin_cost: np.ndarray,
             best = int(np.argmin(times[k:k + n]))
             chosen[r], seconds[r] = cands_of[r][best], float(times[k + best])
             k += n
-    for r, m in enumerate(counts):
-        moves = sum(map(len, chosen[r][0])) * (m - 1)
-        if config.polish_rounds and 0 < moves <= config.polish_max_moves:
-            chosen[r], seconds[r] = _polished(config, chosen[r], speeds[r], x, cost)
+    _polish_slowest(config, chosen, seconds, counts, speeds, x, cost)
     worst = max(seconds.values(), default=0.0)
     plan = [chosen[r][0] for r in range(len(counts))]
     costs = [[float(v) for v in chosen[r][1]] for r in range(len(counts))]
     return plan, costs, worst
+
+
+def _polish_slowest(config: PlanConfig, chosen: dict[int, tuple[list[list[int]], np.ndarray]],
+                    seconds: dict[int, float], counts: list[int], speeds: np.ndarray,
+                    x: np.ndarray, cost: WorkCost) -> None:
+    """Polish (:func:`_polished`, in place) the replica that sets the step, then the one that
+    sets it after that, until the slowest one has been polished already or has more
+    candidate moves than ``polish_max_moves``: a replica faster than the step's slowest
+    cannot shorten the step, so its polish would be CPU for nothing."""
+    done: set[int] = set()
+    while config.polish_rounds and seconds:
+        r = max(seconds, key=seconds.__getitem__)
+        moves = sum(map(len, chosen[r][0])) * (counts[r] - 1)
+        if r in done or not 0 < moves <= config.polish_max_moves:
+            return
+        done.add(r)
+        chosen[r], seconds[r] = _polished(config, chosen[r], speeds[r], x, cost)
 
 
 def _polished(config: PlanConfig, chosen: tuple[list[list[int]], np.ndarray],

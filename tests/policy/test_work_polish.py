@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bubblecast.errors import BubblecastError
 from bubblecast.policy.work_plan import PlanConfig, plan_batch
 from bubblecast.policy.work_polish import polish
-from bubblecast.policy.work_timing import time_replicas
+from bubblecast.policy.work_timing import predicted_plan_step, time_replicas
 from bubblecast.sim.documents import WorkCost, microbatch_stats
 
 COST = WorkCost(per_token=4.5e-6, per_token_sq=5.7e-9, per_document=2e-5, per_microbatch=1e-4)
@@ -55,6 +55,36 @@ def test_polish_shortens_the_planned_step_of_packed_documents():
                                 polish_rounds=rounds)
             out.append(plan_batch(x, config, COST).predicted_step)
     on_, off_ = np.asarray(on), np.asarray(off)
+    assert (on_ <= off_ * (1 + 1e-12)).all()
+    assert on_.mean() < off_.mean() * 0.999
+
+
+def test_only_the_replicas_that_set_the_step_are_polished():
+    """4 replicas, one 1.5x slower: a replica whose micro-batches the polish changed was,
+    unpolished, at least as slow as the polished plan's step (it set the step when its turn
+    came; a faster one cannot shorten the step); the step is never slower than unpolished and
+    faster on the mean."""
+    rng = np.random.default_rng(1)
+    speeds = np.array([1.0, 1.0, 1.5, 1.0])
+    on, off, changed = [], [], 0
+    for _ in range(8):
+        x = np.clip(rng.lognormal(5.5, 1.0, size=400).astype(np.int64), 16, 1024)
+        x = x[np.cumsum(x) <= 16 * 4096 - 1200]
+        plans = {}
+        for rounds in (8, 0):
+            config = PlanConfig(4096, 4, 4, 2, kind_weights=(1.0, 2.0, 0.0),
+                                polish_rounds=rounds)
+            plans[rounds] = plan_batch(x, config, COST, speeds)
+        on.append(plans[8].predicted_step)
+        off.append(plans[0].predicted_step)
+        for r in range(4):
+            if plans[8].microbatches[r] != plans[0].microbatches[r]:
+                changed += 1
+                alone = predicted_plan_step("1f1b", 2, [plans[0].cost[r]],
+                                            np.full((1, 2), speeds[r]), (1.0, 2.0, 0.0))
+                assert alone >= plans[8].predicted_step * (1 - 1e-9), (r, alone)
+    on_, off_ = np.asarray(on), np.asarray(off)
+    assert changed >= 8  # the polish did move documents
     assert (on_ <= off_ * (1 + 1e-12)).all()
     assert on_.mean() < off_.mean() * 0.999
 
