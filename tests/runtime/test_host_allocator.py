@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 
 from bubblecast.runtime import host_allocator
 from bubblecast.runtime.host_allocator import ENV, keep_freed_memory
+from tests.helpers import free_port
 
 # In a fresh interpreter: a gloo process group of one rank through init_distributed (which
 # sets the allocator), then 15 "steps", each holding 8 tensors of 5-30 MiB at once (as a
@@ -37,13 +37,11 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _faults(env_extra: dict[str, str]) -> dict[str, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _faults() -> dict[str, int]:
+    """The probe's pages and faults, run as one gloo rank with the allocator as it sets it."""
     env = {k: v for k, v in os.environ.items() if k != ENV}
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), **env_extra)
+               MASTER_PORT=str(free_port()))
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,7 +53,7 @@ def test_gloo_rank_reuses_freed_memory() -> None:
     # one pass fewer before, 2,560 in one of 4). With glibc's own adaptive thresholds
     # (BUBBLECAST_HOST_MALLOC=system) such probes faulted 0 to 518k pages, so that case is not
     # asserted.
-    kept = _faults({})
+    kept = _faults()
     assert kept["pages"] > 400_000, kept
     assert kept["faults"] < 0.01 * kept["pages"], kept
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +13,13 @@ from pathlib import Path
 import pytest
 
 from bubblecast.cli import main
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from bubblecast.cli import main; main()"]
 TINY = ["collect", "--model", "mlp", "--layers", "2", "--stages", "2", "--microbatches", "2",
         "--steps", "4", "--hidden", "8", "--json"]
 SKEW = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -73,7 +67,7 @@ def test_two_nodes_on_one_rendezvous_write_one_file_on_rank_0s_clock(tmp_path: P
 
     out = tmp_path / "run.parquet"
     args = [*CLI, *TINY, "--out", str(out), "--nnodes", "2", "--rdzv-endpoint",
-            f"127.0.0.1:{_free_port()}", "--rdzv-id", "test-multinode"]
+            f"127.0.0.1:{free_port()}", "--rdzv-id", "test-multinode"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     skewed = {**env, "BUBBLECAST_CLOCK_SKEW_S": str(SKEW)}
     procs = [subprocess.Popen(args, cwd=ROOT, env=e, stdout=subprocess.PIPE,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ with warnings.catch_warnings():  # starlette's TestClient nags about httpx2; htt
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from tests.helpers import free_port
 from tests.serve.fakes import ScaledLast, write_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.serve.conftest import ROOT, free_port
+from tests.helpers import free_port
+from tests.serve.conftest import ROOT
 from tests.serve.fakes import recommend_request, write_model_dir
 
 

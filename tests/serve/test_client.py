@@ -10,7 +10,8 @@ import pytest
 
 from bubblecast.serve.client import CircuitBreaker, Client
 from bubblecast.serve.schemas import ForecastResponse, RecommendResponse
-from tests.serve.conftest import fake_server, free_port
+from tests.helpers import free_port
+from tests.serve.conftest import fake_server
 from tests.serve.fakes import forecast_request, recommend_request
 
 #: Generous bound for "returned within its timeout" on a shared, loaded test machine: the

@@ -15,7 +15,8 @@ from bubblecast.policy.decision import Decision
 from bubblecast.policy.state import PolicyState
 from bubblecast.serve.decider import ServiceDecider
 from bubblecast.sim.steptime import timing_shape
-from tests.serve.conftest import fake_server, free_port
+from tests.helpers import free_port
+from tests.serve.conftest import fake_server
 
 PARAMS = {"horizon": 16, "risk": 0.3, "margin": 0.5, "min_gain": 0.01, "hold": 5,
           "min_history": 4}

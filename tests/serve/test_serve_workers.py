@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import ROOT, free_port
+from tests.helpers import free_port
+from tests.serve.conftest import ROOT
 from tests.serve.test_serve_cli import ewma_dir  # noqa: F401 - the fixture
 
 
