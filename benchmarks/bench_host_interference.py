@@ -95,12 +95,13 @@ def _exchange(m: dict[str, int], rate: float, stop: threading.Event) -> None:
     rank = dist.get_rank()
     group = dist.new_group(backend="gloo")
     out, into = torch.zeros(m["seq_len"] * m["hidden"]), torch.zeros(m["seq_len"] * m["hidden"])
-    first, second = (dist.send, dist.recv) if rank == 0 else (dist.recv, dist.send)
+    ops = [(dist.send, out), (dist.recv, into)]
+    ops = ops if rank == 0 else ops[::-1]  # rank 0 sends first, rank 1 receives first
     while not stop.is_set():
         t0 = time.perf_counter()
         try:
-            first(out if first is dist.send else into, 1 - rank, group=group)
-            second(out if second is dist.send else into, 1 - rank, group=group)
+            for op, tensor in ops:
+                op(tensor, 1 - rank, group=group)
         except RuntimeError:
             if stop.is_set():  # the other rank exited after both finished computing
                 return

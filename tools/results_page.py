@@ -714,13 +714,19 @@ def r_balance(doc: dict) -> list[str]:
     return lines + table(["speeds", "median ms", "p90 ms"], rows)
 
 
+def _documents_stretch(doc: dict) -> str:
+    """The documents setting's stretch (``bench_live_balance --dilation``), when it had one."""
+    factor = doc.get("documents_dilation", 1.0)
+    return "" if factor == 1.0 else f"; documents: every rank's compute stretched {factor:g}x"
+
+
 def r_live_balance(doc: dict) -> list[str]:
     models = "; ".join(f"{k}: {facts(v.items())}" for k, v in doc["models"].items())
     lines = [f"Packed GPT per setting ({models}); {doc['runs']} runs, each one launch with "
              f"the policies' trainers interleaved step by step (plain means over runs); "
              f"slow-replica: every rank's compute stretched {doc['dilation']:g}x by sleeping "
              f"(4 ranks on 2 cores), replica 1 a further {doc['factor']:g}x from step "
-             f"{doc['scale']['onset']}.", ""]
+             f"{doc['scale']['onset']}{_documents_stretch(doc)}.", ""]
     for setting, s in doc["settings"].items():
         cm = s["cost_model_heldout"]
         noise = cm.get("noise")

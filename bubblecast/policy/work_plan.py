@@ -448,8 +448,10 @@ def _polish_slowest(config: PlanConfig, chosen: dict[int, tuple[list[list[int]],
     sets it after that, until the slowest one has been polished already or has more
     candidate moves than ``polish_max_moves``: a replica faster than the step's slowest
     cannot shorten the step, so its polish would be CPU for nothing."""
+    if not config.polish_rounds:
+        return
     done: set[int] = set()
-    while config.polish_rounds and seconds:
+    while seconds:
         r = max(seconds, key=seconds.__getitem__)
         moves = sum(map(len, chosen[r][0])) * (counts[r] - 1)
         if r in done or not 0 < moves <= config.polish_max_moves:
