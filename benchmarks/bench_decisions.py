@@ -28,7 +28,7 @@ where they are absent (``mixed`` runs carry the metrics of their components, e.g
 of ``seqlen``, which thermal runs do not).
 
     python benchmarks/bench_decisions.py [--quick] [--setups policy,sample] [--train 4]
-                                         [--test 6] [--steps N] [--trees 150]
+                                         [--test 24] [--steps N] [--trees 150]
 
 Prints a table and writes benchmarks/results/decisions.json (``--quick``: the sample setup
 only, 2 training and 3 test runs per family, written to the temporary directory, not among
@@ -249,7 +249,9 @@ def main() -> None:
     ap.add_argument("--setups", default="policy,sample")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--train", type=int, default=4, help="training runs per family")
-    ap.add_argument("--test", type=int, default=6, help="held-out runs per family")
+    ap.add_argument("--test", type=int, default=24,
+                    help="held-out runs per family (with 6, the paired difference's standard "
+                         "error was as large as the differences)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: setup's)")
     ap.add_argument("--trees", type=int, default=150)
     ap.add_argument("--out", default=None, help="results JSON (default: results/decisions.json; "
