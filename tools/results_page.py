@@ -1092,19 +1092,35 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
                    "sign") + f"; {g['share_mean']:.2f} of the scripted run's gain; plain ramp "
                 f"{g['plain_gap_pct']:+.2f}% vs reactive")
 
+    def decisions(d: dict) -> str:
+        setups = d["results"]
+        names = list(setups)
+        parts = []
+        for family in setups[names[0]]["families"]:
+            cells = []
+            for name in names:
+                m = setups[name]["families"].get(family, {}).get("summary", {})
+                if m.get("lgbm") is not None and m.get("scored_runs", 0) > 1:
+                    cells.append(f"{m['lgbm']:.3f} / {m['trend']:.3f} ({name})")
+            if cells:
+                parts.append(f"{family} " + ", ".join(cells))
+        return "; ".join(parts) + (f"; LightGBM >= trend (thermal: by 3 points) in "
+                                   f"{d['goals met']} family-setups")
+
     add("schedules.json", lambda d: "Bubble fraction at the zero-bubble paper's Table-5 "
         f"setting (P={d['setting']['stages']}, M={d['setting']['microbatches']})", sched)
     add("engine.json", "Timing engine against the reference event loop, slowest schedule, cold "
         "caches", engine)
     add("forecast.json", "LightGBM forecasts on held-out runs: skill against the best "
         "baseline, p10-p90 coverage", forecast)
+    add("decisions.json", lambda d: "Decisions, not MAE: oracle share of predictive on a "
+        f"trained LightGBM / on the built-in trend, {d['test_runs']} held-out runs per family, "
+        "README's policy setup and the sample runs' (thermal: device covariates)", decisions)
     add("balance.json", "Per-step work planning on packed documents over the data loader's "
         "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
         "replicas, simulated)", balance)
     add("live_balance-documents.json", "Per-step work planning live, documents only (packed "
         "GPT, 4096-token budget, 2 CPU stages x 4 micro-batches)", live_documents)
-    add("live_balance-documents-3run.json", "The same, a 3-run launch on a quieter machine "
-        "(the results notes list every launch)", live_documents)
     add("live_balance-documents-latest.json", "The same, the latest launch (3 runs)",
         live_documents)
     add("live_balance.json", "Per-step work planning live, one replica 1.5x slower (2 replicas "
