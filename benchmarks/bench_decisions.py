@@ -54,6 +54,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("throttle", "failslow-ramped", "thermal", "mixed")
 HORIZONS = (1, 5, 10, 25, 50, 100)
 THERMAL_MARGIN = 0.03
+LEVEL = 0.001  # a per-run share difference counted as level
 COVARIATES = "thermal"  # the family whose runs' device metrics the covariate model reads
 TRAIN_BASE, TEST_BASE = 1000, 90000
 
@@ -163,6 +164,10 @@ def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     diff = np.array([r["lgbm"]["share"] - r["trend"]["share"] for r in scored])
     out["lgbm_minus_trend"] = float(diff.mean()) if len(diff) else None
     out["diff_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
+    # per run: LightGBM ahead, level (within LEVEL) or behind: a mean can hide one lost bet
+    out["runs_ahead_level_behind"] = [int((diff > LEVEL).sum()),
+                                      int((np.abs(diff) <= LEVEL).sum()),
+                                      int((diff < -LEVEL).sum())]
     out["margin"] = margin
     out["met"] = bool(diff.mean() >= margin) if len(diff) else None
     if not scored:
@@ -204,7 +209,7 @@ def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, tr
 
 def print_table(results: dict[str, Any]) -> None:
     print(f"\n{'setup':7} {'family':16} {'runs':>5} {'oracle':>7} {'reactive':>8} {'trend':>7} "
-          f"{'lgbm':>7} {'lgbm-trend':>11} {'goal':>6}")
+          f"{'lgbm':>7} {'lgbm-trend':>11} {'+/=/-':>8} {'goal':>6}")
     for name, res in results.items():
         for family, f in res["families"].items():
             s = f["summary"]
@@ -218,7 +223,9 @@ def print_table(results: dict[str, Any]) -> None:
                 else "NOT met"
             print(f"{name:7} {family:16} {s['scored_runs']:>2}/{s['runs']:<2} "
                   f"{s['oracle_gain_mean']:7.2%} {cell(s['reactive']):>8} {cell(s['trend']):>7} "
-                  f"{cell(s['lgbm']):>7} {diff:>11} {'>=' + format(s['margin'], '+.2f'):>6} "
+                  f"{cell(s['lgbm']):>7} {diff:>11} "
+                  f"{'/'.join(str(n) for n in s['runs_ahead_level_behind']):>8} "
+                  f"{'>=' + format(s['margin'], '+.2f'):>6} "
                   f"{verdict}")
 
 
