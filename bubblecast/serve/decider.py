@@ -9,10 +9,17 @@ itself. The service's ``/v1/recommend`` answer is returned as the policy's
 
 Fail-open: a service that is down, slow or refuses the request yields a decision to keep the
 current plan whose reason says why (``timeout_s`` bounds each call, retries included).
+
+Each request names this decider's run (:attr:`ServiceDecider.run_id`, one per decider) and the
+step number of its history's newest row (:attr:`ServiceDecider.step`, set by the controller
+before each decision), so the service plans on intervals adapted to the run across its
+requests, as the policy layer does in process (:mod:`bubblecast.serve.run_intervals`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -38,6 +45,9 @@ class ServiceDecider:
         self.params = params
         self.horizons: list[int] | None = None
         self.name = f"service {url}"
+        # the service keys its per-run interval state by this (unique per decider process)
+        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.step: int | None = None  # the newest history row's step number (the controller's)
 
     def _keep(self, why: str) -> Decision:
         return Decision.keep(f"service {self.url}: {why}; keeping the current plan")
@@ -77,7 +87,8 @@ class ServiceDecider:
                               "bandwidth_bytes_per_s": c.bandwidth_Bps,
                               "pause_s": c.fixed_pause_s,
                               "optimizer_factor": c.optimizer_factor},
-                "policy": self.params, "steps_since_action": since}
+                "policy": self.params, "steps_since_action": since,
+                **({} if self.step is None else {"run_id": self.run_id, "step": self.step})}
 
     def decide(self, state: Any, compute: np.ndarray, held: np.ndarray) -> Decision:
         """The service's decision for ``state``; a keep-the-plan one when it gives none."""

@@ -19,12 +19,14 @@ from pydantic_core import to_json
 from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
 from bubblecast.serve.inputs import (
     Loaded,
+    WindowForecast,
     covariate_reads,
     forecast_window,
     request_model,
     request_shape,
 )
 from bubblecast.serve.recommend import recommend
+from bubblecast.serve.run_intervals import RunIntervals
 from bubblecast.serve.schemas import (
     ForecastRequest,
     ForecastResponse,
@@ -60,6 +62,7 @@ class Predictor:
         self._loader = loader
         self.source = source  # a ModelSource when built by from_source (watchable)
         self._reload_lock = threading.Lock()
+        self.runs = RunIntervals()  # per-run interval adaptation (requests with run_id + step)
 
     @classmethod
     def from_source(cls, source: str, **options: Any) -> Predictor:
@@ -118,18 +121,37 @@ class Predictor:
         lists and dicts; ``model`` is left to the caller."""
         loaded = self._loaded
         fc = forecast_window(loaded, req)
+        seconds, intervals = fc.seconds, "model"
+        if req.run_id is not None and req.step is not None:
+            seconds, intervals = self._run_adapted(loaded, req, fc), "run"
         pipe = req.pipeline
         shape = request_shape(pipe)
-        step, bubble = step_times(shape, stage_op_durations(shape, fc.seconds[:, :, 1].T,
+        step, bubble = step_times(shape, stage_op_durations(shape, seconds[:, :, 1].T,
                                                             pipe.op_weights))
-        per_rank = fc.seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists
+        per_rank = seconds.transpose(0, 2, 1).tolist()  # (P, 3, H): p10/p50/p90 lists
         ranks = []
         for s, i in enumerate(fc.index.tolist()):
             r = req.ranks[i]
             p10, p50, p90 = per_rank[s]
             ranks.append({"rank": r.rank, "stage": r.stage, "p10": p10, "p50": p50, "p90": p90})
         return loaded, {"model": None, "horizons": list(req.horizons), "ranks": ranks,
-                        "bubble_fraction": bubble.tolist(), "step_time_s": step.tolist()}
+                        "bubble_fraction": bubble.tolist(), "step_time_s": step.tolist(),
+                        "intervals": intervals}
+
+    def _run_adapted(self, loaded: Loaded, req: ForecastRequest, fc: WindowForecast
+                     ) -> np.ndarray:
+        """``(P, H, 3)`` seconds with the delay intervals adapted to the request's run: its
+        adaptive conformal state observes the window's delay signal (``Window.delay``, the
+        unit the model forecasts in), then rescales this forecast's intervals."""
+        window = fc.window
+        with self.runs.session("forecast", loaded.ref.version, str(req.run_id), window.stages,
+                               int(req.step)) as aci:  # type: ignore[arg-type]
+            aci.observe(window.delay, int(req.step))  # type: ignore[arg-type]
+            q = aci.adjust(fc.delay_q.transpose(1, 0, 2), list(req.horizons), int(req.step))
+        seconds = q.transpose(1, 0, 2) * fc.work_ahead[:, :, None]
+        if not np.all(np.isfinite(seconds)):
+            raise RequestError("ranks", "forecast seconds overflow for this window")
+        return seconds
 
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""
@@ -138,7 +160,7 @@ class Predictor:
         if loaded.covariates:  # the model fed the request's device metrics
             index = np.argsort([r.stage for r in req.ranks], kind="stable")
             loaded = replace(loaded, model=request_model(loaded, req, index), covariates=())
-        return recommend(loaded, req)
+        return recommend(loaded, req, self.runs)
 
     @staticmethod
     def _parse(cls: type, request: Any) -> Any:

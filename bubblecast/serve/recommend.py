@@ -9,6 +9,10 @@ When the policy keeps the plan before predicting anything (collecting history, h
 a move, no imbalance worth a move), the service adds the predicted step time of the current
 plan (the timing engine, via :func:`bubblecast.sim.steptime.predicted_step`).
 
+The p10-p90 intervals the policy plans on are the model's own, or, for a request naming its
+``run_id`` and ``step``, adapted to that run across its requests
+(:mod:`bubblecast.serve.run_intervals`; the response's ``intervals`` says which).
+
 The policy's forecast guard (:mod:`bubblecast.policy.forecast_guard`) has no memory across requests:
 each request's policy backtests the model at up to 16 past origins of the request's own window (the
 window cut at each origin) and falls back to reactive when the model's realised error there is worse
@@ -25,6 +29,7 @@ import numpy as np
 
 from bubblecast.dataset.window import Window
 from bubblecast.errors import BubblecastError
+from bubblecast.forecast.conformal import AdaptiveConformal
 from bubblecast.policy.actions import Repartition, action_to_json
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.decision import Decision
@@ -32,6 +37,7 @@ from bubblecast.policy.policies import PolicyState, PredictivePolicy
 from bubblecast.policy.solver import stage_work
 from bubblecast.policy.speeds import ModelSpeeds
 from bubblecast.serve.inputs import Loaded, check_servable, request_shape, request_window
+from bubblecast.serve.run_intervals import RunIntervals
 from bubblecast.serve.schemas import RecommendRequest, RecommendResponse, RequestError
 from bubblecast.sim.schedules import vstage_ranks
 from bubblecast.sim.steptime import predicted_step
@@ -121,8 +127,22 @@ def _keep_numbers(state: PolicyState, forecaster: ModelSpeeds, req: RecommendReq
                     decision.reason or "keep the current plan")
 
 
-def recommend(loaded: Loaded, req: RecommendRequest) -> RecommendResponse:
-    """The predictive policy's decision for ``req`` under ``loaded``'s forecasts."""
+def recommend(loaded: Loaded, req: RecommendRequest, runs: RunIntervals | None = None
+              ) -> RecommendResponse:
+    """The predictive policy's decision for ``req`` under ``loaded``'s forecasts; with
+    ``runs``, a request giving ``run_id`` and ``step`` is served its run's adapted intervals
+    (:mod:`bubblecast.serve.run_intervals`)."""
+    if runs is not None and req.run_id is not None and req.step is not None:
+        with runs.session("recommend", loaded.ref.version, req.run_id, req.pipeline.stages,
+                          req.step) as aci:
+            return _recommend(loaded, req, aci)
+    return _recommend(loaded, req, None)
+
+
+def _recommend(loaded: Loaded, req: RecommendRequest, aci: AdaptiveConformal | None
+               ) -> RecommendResponse:
+    """:func:`recommend` with ``aci`` the run's adaptive state (None: a fresh one, the
+    model's own intervals)."""
     model = loaded.model
     check_servable(model, req)
     costs = _costs(req)
@@ -137,6 +157,9 @@ def recommend(loaded: Loaded, req: RecommendRequest) -> RecommendResponse:
     window = replace(window, next_tokens=None)  # TokensAhead gives them per asked horizon
     speeds = window.compute / (window.cost * pipe.microbatches)  # (T, P) the policy's unit
     forecaster = ModelSpeeds(TokensAhead(model, ahead, window.steps), window=window)
+    if aci is not None:  # the run's state; its steps are the request's step numbers
+        forecaster.aci = aci
+        forecaster.offset = int(req.step) - (window.steps - 1)  # type: ignore[arg-type]
     p = req.policy
     policy = PredictivePolicy(forecaster=forecaster, horizon=p.horizon, risk=p.risk,
                               margin=p.margin, min_gain=p.min_gain, hold=p.hold,
@@ -162,4 +185,5 @@ def recommend(loaded: Loaded, req: RecommendRequest) -> RecommendResponse:
     numbers = _checked({"step_time_s": float(step), "step_time_with_action_s": float(after),
                         "migration_s": float(migration), "saving_s": float(saving)})
     return RecommendResponse(model=loaded.ref, action=action_to_json(decision.action),
-                             horizon=p.horizon, reason=decision.reason, **numbers)
+                             horizon=p.horizon, reason=decision.reason, **numbers,
+                             intervals="model" if aci is None else "run")

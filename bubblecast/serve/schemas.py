@@ -127,6 +127,11 @@ class ForecastRequest(_Strict):
     """One pipeline replica's recent per-rank history and the horizons to forecast."""
 
     run_id: str | None = Field(None, max_length=256)
+    step: int | None = Field(
+        None, ge=0, le=10**12, description="step number of the window's newest entry; with "
+        "run_id, the service adapts this run's p10-p90 intervals across requests (adaptive "
+        "conformal inference, as the policy layer serves them in process); without, the "
+        "model's own intervals")
     pipeline: Pipeline
     horizons: list[Horizon] = Field(default_factory=lambda: [1, 5, 10], min_length=1,
                                     max_length=32)
@@ -305,12 +310,19 @@ class RankForecast(BaseModel):
     p90: list[float]
 
 
+#: Which p10-p90 intervals an answer used.
+Intervals = Literal["model", "run"]
+INTERVALS = ("'model': the model's own p10-p90 intervals; 'run': adapted to this run across its "
+             "requests (the request gave run_id and step)")
+
+
 class ForecastResponse(BaseModel):
     model: ModelRef
     horizons: list[int]
     ranks: list[RankForecast]
     bubble_fraction: list[float] = Field(description="predicted, per horizon (from p50)")
     step_time_s: list[float] = Field(description="predicted step time per horizon (from p50)")
+    intervals: Intervals = Field("model", description=INTERVALS)
 
 
 class RecommendResponse(BaseModel):
@@ -324,6 +336,7 @@ class RecommendResponse(BaseModel):
                             "migration")
     horizon: int
     reason: str
+    intervals: Intervals = Field("model", description=INTERVALS)
 
 
 class ModelInfoResponse(BaseModel):

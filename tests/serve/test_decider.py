@@ -13,6 +13,7 @@ import numpy as np
 from bubblecast.policy.cost import MigrationConstants, MigrationCost
 from bubblecast.policy.decision import Decision
 from bubblecast.policy.state import PolicyState
+from bubblecast.serve.client import Client
 from bubblecast.serve.decider import ServiceDecider
 from bubblecast.sim.steptime import timing_shape
 from tests.helpers import free_port
@@ -58,3 +59,25 @@ def test_no_service_keeps_the_plan_and_says_why() -> None:
     assert not decision.acts and decision.predicted_step_s is None
     assert decision.reason.startswith(f"service {url}: ")
     assert decision.reason.endswith("; keeping the current plan")
+
+
+def test_requests_name_the_run_and_step_once_the_controller_sets_it(model_dir: Path) -> None:
+    state, compute, held = _inputs()
+    decider = ServiceDecider("http://127.0.0.1:1", 1.0, PARAMS)
+    try:
+        assert "run_id" not in decider.request(state, compute, held, [1])  # no step: own
+        decider.step = 119
+        body = decider.request(state, compute, held, [1])
+        assert body["step"] == 119 and body["run_id"] == decider.run_id
+        other = ServiceDecider("http://127.0.0.1:1", 1.0, PARAMS)
+        assert other.run_id != decider.run_id  # one run per decider
+        other.close()
+        with fake_server(model_dir) as (port, _):  # the service adapts that run's intervals
+            client = Client(f"http://127.0.0.1:{port}", timeout=5.0)
+            try:
+                resp = client.recommend(body)
+            finally:
+                client.close()
+        assert resp is not None and resp.intervals == "run"
+    finally:
+        decider.close()

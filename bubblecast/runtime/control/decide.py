@@ -64,11 +64,13 @@ class ExternalDecider(Protocol):
     """Decides in the policy's place (e.g. ``bubblecast.serve.decider:ServiceDecider``).
 
     Built as ``factory(url, timeout_s, params)`` with the predictive policy's knobs; asked with
-    the policy's state plus the raw ``(T, P)`` compute seconds and layer cost held per step.
-    It fails open: no answer is a decision to keep the plan.
+    the policy's state plus the raw ``(T, P)`` compute seconds and layer cost held per step,
+    ``step`` set first to the step number of their newest row. It fails open: no answer is a
+    decision to keep the plan.
     """
 
     name: str
+    step: int | None
 
     def decide(self, state: Any, compute: np.ndarray, held: np.ndarray) -> Decision: ...
 
@@ -229,6 +231,7 @@ class Decider:
             facts["fixed_s"] = round(float(state.fixed[0]), 6)
         if self.external is not None:
             held = self.history.held(state.costs)
+            self.external.step = int(self.history.steps[-1])
             return self.external.decide(state, self.history.compute, held), facts
         if self.forecaster is None:  # reactive
             return self.policy.decide(state), facts
