@@ -128,6 +128,9 @@ ABOUT = {
                        "and by token balancing, with a gloo rank's allocator and with glibc's "
                        "own thresholds: seconds and page faults a step.",
                        "The host allocator"),
+    "run_intervals": ("What adapting a run's intervals across requests costs the service: "
+                      "the same `/v1/forecast` and `/v1/recommend` requests with and without "
+                      "`run_id` and `step`, in process, A/B.", "Serving"),
     "host_interference": ("What slows a rank's compute on this host: a second process "
                           "computing beside it, or gloo transfers on the computing cores.",
                           "Work balancing, live"),
