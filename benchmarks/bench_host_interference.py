@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import run_header, write_json  # noqa: E402
+from bench_serve import free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ARMS = ("alone", "compute", "ranks", "transfers")
@@ -81,8 +81,6 @@ def child(seconds: float, start_at: float, docs: int, rate: float, ranks: bool) 
         times.append(time.perf_counter() - t0)
     stop.set()
     if ranks:  # both done computing before either exits (the exchange may be mid-transfer)
-        import torch.distributed as dist
-
         dist.barrier()
     return {"median_ms": 1e3 * float(np.median(times[2:])), "ops": len(times)}
 
@@ -115,9 +113,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> list[dict]:
     ranks = arm in ("ranks", "transfers")
     rate = args.rate if arm == "transfers" else 0.0
     start_at = time.time() + 6.0  # after imports (and the process group)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),

@@ -123,7 +123,8 @@ class Predictor:
         fc = forecast_window(loaded, req)
         seconds, intervals = fc.seconds, "model"
         if req.run_id is not None and req.step is not None:
-            seconds, intervals = self._run_adapted(loaded, req, fc), "run"
+            seconds = self._run_adapted(loaded, fc, req.horizons, req.run_id, req.step)
+            intervals = "run"
         pipe = req.pipeline
         shape = request_shape(pipe)
         step, bubble = step_times(shape, stage_op_durations(shape, seconds[:, :, 1].T,
@@ -138,16 +139,17 @@ class Predictor:
                         "bubble_fraction": bubble.tolist(), "step_time_s": step.tolist(),
                         "intervals": intervals}
 
-    def _run_adapted(self, loaded: Loaded, req: ForecastRequest, fc: WindowForecast
-                     ) -> np.ndarray:
-        """``(P, H, 3)`` seconds with the delay intervals adapted to the request's run: its
-        adaptive conformal state observes the window's delay signal (``Window.delay``, the
-        unit the model forecasts in), then rescales this forecast's intervals."""
+    def _run_adapted(self, loaded: Loaded, fc: WindowForecast, horizons: list[int],
+                     run_id: str, step: int) -> np.ndarray:
+        """``(P, H, 3)`` seconds with the delay intervals adapted to run ``run_id``, whose
+        window ends at ``step``: its adaptive conformal state observes the window's delay
+        signal (``Window.delay``, the unit the model forecasts in), then rescales this
+        forecast's intervals."""
         window = fc.window
-        with self.runs.session("forecast", loaded.ref.version, str(req.run_id), window.stages,
-                               int(req.step)) as aci:  # type: ignore[arg-type]
-            aci.observe(window.delay, int(req.step))  # type: ignore[arg-type]
-            q = aci.adjust(fc.delay_q.transpose(1, 0, 2), list(req.horizons), int(req.step))
+        with self.runs.session("forecast", loaded.ref.version, run_id, window.stages,
+                               step) as aci:
+            aci.observe(window.delay, step)
+            q = aci.adjust(fc.delay_q.transpose(1, 0, 2), horizons, step)
         seconds = q.transpose(1, 0, 2) * fc.work_ahead[:, :, None]
         if not np.all(np.isfinite(seconds)):
             raise RequestError("ranks", "forecast seconds overflow for this window")

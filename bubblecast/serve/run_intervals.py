@@ -36,11 +36,16 @@ from bubblecast.policy.speeds import SERVED_ACI
 CAPACITY = 4096
 
 
+def _fresh() -> AdaptiveConformal:
+    """A run's adaptive conformal state before its first request."""
+    return AdaptiveConformal(**SERVED_ACI)
+
+
 @dataclass
 class _RunState:
     """One run's adaptive conformal state and the newest step it has seen."""
 
-    aci: AdaptiveConformal = field(default_factory=lambda: AdaptiveConformal(**SERVED_ACI))
+    aci: AdaptiveConformal = field(default_factory=_fresh)
     step: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -58,10 +63,11 @@ class RunIntervals:
     def __len__(self) -> int:
         return len(self._runs)
 
-    def _state(self, key: tuple[str, str, str, int], step: int) -> _RunState:
+    def _state(self, key: tuple[str, str, str, int]) -> _RunState:
+        """The run's state (a new one for a run not kept), marked most recently used."""
         with self._lock:
             state = self._runs.get(key)
-            if state is None or step < state.step:
+            if state is None:
                 state = self._runs[key] = _RunState()
             self._runs.move_to_end(key)
             while len(self._runs) > self.capacity:
@@ -73,9 +79,9 @@ class RunIntervals:
                 ) -> Iterator[AdaptiveConformal]:
         """The run's :class:`AdaptiveConformal`, held for this request alone; ``step`` (the
         window's newest step number) is recorded as the newest seen."""
-        state = self._state((route, version, run_id, int(stages)), int(step))
+        state = self._state((route, version, run_id, int(stages)))
         with state.lock:
-            if step < state.step:  # another request restarted the run meanwhile
-                state.aci, state.step = AdaptiveConformal(**SERVED_ACI), -1
+            if step < state.step:  # an older step: the run restarted under the same id
+                state.aci = _fresh()
             state.step = int(step)
             yield state.aci
