@@ -140,7 +140,7 @@ ABOUT = {
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
          "forecast", "policy", "guard", "balance", "live_balance", "plan_costs",
          "host_allocator", "host_interference", "plan_worker",
-         "serve", "live", "decision_thread", "fleet", "read")
+         "serve", "run_intervals", "live", "decision_thread", "fleet", "read")
 
 
 @dataclass(frozen=True)
