@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from bubblecast.forecast.tracking import (
     wide_quantiles,
 )
 from tests.forecast.test_cost_model import simulate
+from tests.helpers import free_port
 
 NAME, ALIAS = "bc-serve", "champion"
 
@@ -171,12 +171,6 @@ def test_registered_model_predicts_from_disk_where_bubblecast_is_not_installed(
         np.testing.assert_array_equal(pd.DataFrame(got).to_numpy(), expect.to_numpy(),
                                       err_msg=key)
     assert out["h5_only"] == ["p10_h5", "p50_h5", "p90_h5"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # mlflow models serve takes ~25 s to answer /ping on a loaded machine
