@@ -239,7 +239,9 @@ class AdaptiveConformal:
     exponentially (scale ``decay`` updates) to ``gamma``, which moves a badly calibrated
     interval within the first hundred or so steps (the policy layer serves intervals that way:
     :data:`bubblecast.policy.speeds.SERVED_ACI`). An issued interval whose target is ``keep`` steps
-    past the newest origin without being observed is dropped.
+    past the newest origin without being observed is dropped. The state does not grow with the
+    run: per horizon a scale, a count of scored intervals and the sum of their misses
+    (``scored``, ``miss_sum``), and the intervals issued but not yet scored.
 
     Use: :meth:`adjust` the ``(H, P, 3)`` forecast made at origin ``t`` (step index) for
     ``horizons``, then :meth:`observe` the ``(T, P)`` history at later origins; origins must
@@ -262,7 +264,10 @@ class AdaptiveConformal:
         self.log_scale: dict[int, float] = {}
         self.issued: dict[tuple[int, int], np.ndarray] = {}  # (origin, h) -> (P, 2) lo, hi
         self.last_origin: int | None = None
-        self.misses: dict[int, list[float]] = {}
+        # per horizon: intervals scored and the sum of their miss shares (constant memory
+        # over a run of any length: the service keeps one of these per run)
+        self.scored: dict[int, int] = {}
+        self.miss_sum: dict[int, float] = {}
 
     def adjust(self, q: np.ndarray, horizons: np.ndarray | list[int], origin: int
                ) -> np.ndarray:
@@ -298,9 +303,10 @@ class AdaptiveConformal:
                 continue
             y = hist[row]
             miss = float(np.mean((y < bounds[:, 0]) | (y > bounds[:, 1])))
-            scored = self.misses.setdefault(h, [])
-            theta = self.log_scale.get(h, 0.0) + self.step(len(scored)) * (miss - target)
-            scored.append(miss)
+            scored = self.scored.get(h, 0)
+            theta = self.log_scale.get(h, 0.0) + self.step(scored) * (miss - target)
+            self.scored[h] = scored + 1
+            self.miss_sum[h] = self.miss_sum.get(h, 0.0) + miss
             self.log_scale[h] = float(min(max(theta, -3.0), 3.0))
 
     def step(self, scored: int) -> float:
@@ -310,4 +316,4 @@ class AdaptiveConformal:
 
     def coverage_by_horizon(self) -> dict[int, float]:
         """Realised coverage of the intervals scored so far, per horizon."""
-        return {h: 1.0 - float(np.mean(m)) for h, m in self.misses.items() if m}
+        return {h: 1.0 - self.miss_sum[h] / n for h, n in self.scored.items() if n}

@@ -224,9 +224,26 @@ def test_aci_scores_horizons_longer_than_its_memory():
     for t in range(40):
         aci.observe(hist[: t + 1], t)
         aci.adjust(narrow, [20], t)
-    assert len(aci.misses[20]) == 40 - 20  # origins 0..19 reached their targets
+    assert aci.scored[20] == 40 - 20  # origins 0..19 reached their targets
     assert aci.log_scale[20] == pytest.approx(20 * 0.1 * (1.0 - 0.2))  # 20 misses
 
+
+
+def test_aci_state_stays_the_same_size_over_a_long_run():
+    # the service keeps one per run for as long as the run sends requests
+    aci = AdaptiveConformal(coverage=0.8, gamma=0.05, keep=16)
+    q = np.stack([np.full((2, 3), 0.9), np.ones((2, 3)), np.full((2, 3), 1.1)], axis=2)
+    hist = np.random.default_rng(0).lognormal(0.0, 0.1, (5000, 3))
+    sizes = []
+    for t in range(5000):
+        aci.observe(hist[: t + 1], t)
+        aci.adjust(q, [1, 10], t)
+        if t in (1000, 4999):
+            sizes.append((len(aci.issued), len(aci.scored), len(aci.miss_sum),
+                          len(aci.log_scale)))
+    assert sizes[0] == sizes[1] == (1 + 10, 2, 2, 2)  # unscored: origin t at h1, t-9..t at h10
+    assert aci.scored == {1: 4999, 10: 4990}
+    assert 0.7 < aci.coverage_by_horizon()[10] < 0.9
 
 def _served_online(speed: np.ndarray, aci: AdaptiveConformal | None = None,
                    horizons: tuple[int, ...] = (1,)) -> Any:
