@@ -18,6 +18,7 @@ under-covers the volatile ones). The *token* scheme of models fitted before
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -262,7 +263,10 @@ class AdaptiveConformal:
         self.decay = decay
         self.keep = keep
         self.log_scale: dict[int, float] = {}
-        self.issued: dict[tuple[int, int], np.ndarray] = {}  # (origin, h) -> (P, 2) lo, hi
+        self._factor: dict[int, float] = {}  # exp(log_scale), computed once per update
+        # per horizon, the intervals issued and not yet scored, oldest origin first:
+        # (origin, (P, 2) lo, hi)
+        self._pending: dict[int, deque[tuple[int, np.ndarray]]] = {}
         self.last_origin: int | None = None
         # per horizon: intervals scored and the sum of their miss shares (constant memory
         # over a run of any length: the service keeps one of these per run)
@@ -275,39 +279,64 @@ class AdaptiveConformal:
         result is recorded for :meth:`observe` when ``origin`` is a new, later one."""
         q = np.asarray(q, dtype=np.float64)
         logs = np.log(np.maximum(q, 1e-300))
+        hz = [int(x) for x in horizons]
+        k = np.array([self._factor.get(h, 1.0) for h in hz], dtype=np.float64)[:, None]
         out = logs.copy()
-        for j, h in enumerate(int(x) for x in horizons):
-            k = float(np.exp(self.log_scale.get(h, 0.0)))
-            out[j, :, 0] = logs[j, :, 1] - k * (logs[j, :, 1] - logs[j, :, 0])
-            out[j, :, 2] = logs[j, :, 1] + k * (logs[j, :, 2] - logs[j, :, 1])
+        mid = logs[:, :, 1]
+        out[:, :, 0] = mid - k * (mid - logs[:, :, 0])
+        out[:, :, 2] = mid + k * (logs[:, :, 2] - mid)
         result = np.exp(out)
         if self.last_origin is None or origin > self.last_origin:
             self.last_origin = int(origin)
-            for j, h in enumerate(int(x) for x in horizons):
-                self.issued[(int(origin), h)] = result[j, :, ::2].copy()
+            bounds = result[:, :, ::2].copy()
+            for h, j in {h: j for j, h in enumerate(hz)}.items():  # a repeated h: its last
+                self._pending.setdefault(h, deque()).append((int(origin), bounds[j]))
             oldest = origin - self.keep  # targets this far back were never observed
-            for key in [k for k in self.issued if k[0] + k[1] < oldest]:
-                del self.issued[key]
+            for h, queue in self._pending.items():
+                while queue and queue[0][0] + h < oldest:
+                    queue.popleft()
         return result
 
     def observe(self, history: np.ndarray, now: int) -> None:
         """Score every issued interval whose target step (``origin + h`` <= ``now``, the
-        index of ``history``'s last row) is now observed, and update the scales."""
+        index of ``history``'s last row) is now observed, and update the scales (each
+        horizon's in the order of its origins)."""
         hist = np.asarray(history, dtype=np.float64)
         offset = now - (len(hist) - 1)
+        rows: list[int] = []
+        bounds: list[np.ndarray] = []
+        owners: list[int] = []  # each scored interval's horizon, its origins in order
+        for h, queue in self._pending.items():
+            while queue and queue[0][0] + h <= now:
+                origin, b = queue.popleft()
+                if origin + h - offset >= 0:  # else its target is before the history
+                    rows.append(origin + h - offset)
+                    bounds.append(b)
+                    owners.append(h)
+        if not rows:
+            return
+        y, b = hist[rows], np.stack(bounds)
+        misses = np.mean((y < b[:, :, 0]) | (y > b[:, :, 1]), axis=1).tolist()
+        ranks, counts = [], {}  # each update's number among its horizon's (for its step)
+        for h in owners:
+            k = counts.get(h, self.scored.get(h, 0))
+            ranks.append(k)
+            counts[h] = k + 1
+        # step() for every update at once (numpy's exp gives the same bits on an array)
+        steps = (self.gamma + (self.gamma_start - self.gamma)
+                 * np.exp(-np.asarray(ranks, dtype=np.int64) / self.decay)).tolist()
         target = 1.0 - self.coverage
-        for (o, h) in sorted(k for k in self.issued if k[0] + k[1] <= now):
-            bounds = self.issued.pop((o, h))
-            row = o + h - offset
-            if row < 0:
-                continue
-            y = hist[row]
-            miss = float(np.mean((y < bounds[:, 0]) | (y > bounds[:, 1])))
-            scored = self.scored.get(h, 0)
-            theta = self.log_scale.get(h, 0.0) + self.step(scored) * (miss - target)
-            self.scored[h] = scored + 1
-            self.miss_sum[h] = self.miss_sum.get(h, 0.0) + miss
+        for h, miss, step in zip(owners, misses, steps, strict=True):
+            theta = self.log_scale.get(h, 0.0) + step * (miss - target)
             self.log_scale[h] = float(min(max(theta, -3.0), 3.0))
+            self.scored[h] = self.scored.get(h, 0) + 1
+            self.miss_sum[h] = self.miss_sum.get(h, 0.0) + miss
+        for h in counts:
+            self._factor[h] = float(np.exp(self.log_scale[h]))
+
+    def pending(self) -> int:
+        """How many issued intervals wait for their target step."""
+        return sum(len(queue) for queue in self._pending.values())
 
     def step(self, scored: int) -> float:
         """The step of a horizon's update after ``scored`` earlier ones: ``gamma_start``
