@@ -90,6 +90,13 @@ ABOUT = {
                   "layers).", "Speed and memory"),
     "forecast": ("Forecasters on held-out simulated runs: skill against the best baseline and "
                  "p10-p90 coverage per horizon.", "Forecasting"),
+    "calibration": ("p10-p90 coverage of LightGBM and the GRU on runs of new seeds, per "
+                    "training mix, horizon and scenario: the models' own intervals and as the "
+                    "policy layer serves them (adaptive conformal).", "Forecasting"),
+    "calibration_bound": ("How often a static p10-p90 interval can read in band on new runs: "
+                          "the model's own calibration refitted on resampled calibration and "
+                          "test runs, and by oracle groups (each scenario on its own runs).",
+                          "Forecasting"),
     "policy": ("Policies replayed offline on held-out simulated runs, migrations paid: mean "
                "gain against static per scenario.", "Policies offline"),
     "guard": ("The forecast guard with the shipped model, the trend forecaster and a "
@@ -138,8 +145,8 @@ ABOUT = {
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "policy", "guard", "balance", "live_balance", "plan_costs",
-         "host_allocator", "host_interference", "plan_worker",
+         "forecast", "calibration", "calibration_bound", "policy", "guard", "balance",
+         "live_balance", "plan_costs", "host_allocator", "host_interference", "plan_worker",
          "serve", "run_intervals", "live", "decision_thread", "fleet", "read")
 
 
@@ -436,6 +443,32 @@ def r_migration(doc: dict) -> list[str]:
 def _horizons(models: dict) -> list[str]:
     first = next(iter(models.values()))
     return sorted(first, key=lambda h: int(h.lstrip("h")))
+
+
+def r_calibration_bound(doc: dict) -> list[str]:
+    kinds = ("fitted", "own", "train", "rest", "scenario_own", "scenario_train", "scenario_rest")
+    cells: dict[tuple, dict[str, list[tuple[float, float, float]]]] = {}
+    cal: dict[str, dict[str, Any]] = {}
+    for r in doc["records"]:
+        cal.setdefault(r["mix"], {}).update(r["calibration_runs"])
+        for kind in kinds:
+            for group, v in r.get(kind, {}).items():
+                key = (r["model"], r["mix"], group, r["test_runs"])
+                cells.setdefault(key, {}).setdefault(kind, []).append(
+                    (v["in_band"], v.get("all_horizons_in_band", math.nan), v["sd"]))
+    lines = ["Share of resampled readings in band / of test draws in band at every horizon "
+             "(sd of the readings), mean over training seeds "
+             f"{fact(doc['train_seeds'])}; {fact(doc['resamples'])} resamples x 3 horizons; "
+             "calibration runs per kind: " + "; ".join(
+                 f"{mix} " + ", ".join(f"{k} {fact(v)}" for k, v in c.items())
+                 for mix, c in cal.items()) + ". `fitted` is the model's own shifts.", ""]
+    rows = []
+    for (model, mix, group, n_test), by in cells.items():
+        rows.append((model, mix, group, n_test, *(
+            " / ".join(f"{statistics.fmean(c[i] for c in by[k]):.2f}" for i in (0, 1))
+            + f" ({statistics.fmean(c[2] for c in by[k]):.3f})"
+            if k in by else "—" for k in kinds)))
+    return lines + table(["model", "mix", "test group", "test runs", *kinds], rows)
 
 
 def r_forecast(doc: dict) -> list[str]:
@@ -915,6 +948,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
     "plan_costs": r_plan_costs, "device_check": r_device_check,
     "host_allocator": r_host_allocator, "host_interference": r_host_interference,
+    "calibration_bound": r_calibration_bound,
 }
 
 
