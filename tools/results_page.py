@@ -138,6 +138,9 @@ ABOUT = {
     "run_intervals": ("What adapting a run's intervals across requests costs the service: "
                       "the same `/v1/forecast` and `/v1/recommend` requests with and without "
                       "`run_id` and `step`, in process, A/B.", "Serving"),
+    "aci": ("Adaptive conformal inference per decision (observe + adjust), this tree against "
+            "an earlier revision, A/B in one process, with a bit-for-bit check of the answers.",
+            "Forecasting"),
     "host_interference": ("What slows a rank's compute on this host: a second process "
                           "computing beside it, or gloo transfers on the computing cores.",
                           "Work balancing, live"),
@@ -145,7 +148,7 @@ ABOUT = {
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "calibration", "calibration_bound", "policy", "guard", "balance",
+         "forecast", "calibration", "calibration_bound", "aci", "policy", "guard", "balance",
          "live_balance", "plan_costs", "host_allocator", "host_interference", "plan_worker",
          "serve", "run_intervals", "live", "decision_thread", "fleet", "read")
 
