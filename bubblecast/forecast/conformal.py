@@ -322,9 +322,7 @@ class AdaptiveConformal:
             k = counts.get(h, self.scored.get(h, 0))
             ranks.append(k)
             counts[h] = k + 1
-        # step() for every update at once (numpy's exp gives the same bits on an array)
-        steps = (self.gamma + (self.gamma_start - self.gamma)
-                 * np.exp(-np.asarray(ranks, dtype=np.int64) / self.decay)).tolist()
+        steps = self._steps(np.asarray(ranks, dtype=np.int64)).tolist()
         target = 1.0 - self.coverage
         for h, miss, step in zip(owners, misses, steps, strict=True):
             theta = self.log_scale.get(h, 0.0) + step * (miss - target)
@@ -341,7 +339,12 @@ class AdaptiveConformal:
     def step(self, scored: int) -> float:
         """The step of a horizon's update after ``scored`` earlier ones: ``gamma_start``
         decaying exponentially (scale ``decay`` updates) to ``gamma``."""
-        return self.gamma + (self.gamma_start - self.gamma) * float(np.exp(-scored / self.decay))
+        return float(self._steps(np.array([scored], dtype=np.int64))[0])
+
+    def _steps(self, scored: np.ndarray) -> np.ndarray:
+        """:meth:`step` of each count in ``scored`` (numpy's exp gives an array's elements
+        the bits it gives each alone)."""
+        return self.gamma + (self.gamma_start - self.gamma) * np.exp(-scored / self.decay)
 
     def coverage_by_horizon(self) -> dict[int, float]:
         """Realised coverage of the intervals scored so far, per horizon."""
