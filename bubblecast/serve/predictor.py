@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from bubblecast.forecast.conformal import AdaptiveConformal
 from bubblecast.forecast.served import ForecastModel, ModelInfo, check_model
 from bubblecast.serve.inputs import (
     Loaded,
@@ -121,10 +122,10 @@ class Predictor:
         lists and dicts; ``model`` is left to the caller."""
         loaded = self._loaded
         fc = forecast_window(loaded, req)
-        seconds, intervals = fc.seconds, "model"
-        if req.run_id is not None and req.step is not None:
-            seconds = self._run_adapted(loaded, fc, req.horizons, req.run_id, req.step)
-            intervals = "run"
+        with self.runs.for_request("forecast", loaded.ref.version, req.run_id, req.step,
+                                   fc.window.stages) as aci:
+            seconds = fc.seconds if aci is None else _run_adapted(aci, fc, req.horizons,
+                                                                  req.step)
         pipe = req.pipeline
         shape = request_shape(pipe)
         step, bubble = step_times(shape, stage_op_durations(shape, seconds[:, :, 1].T,
@@ -137,23 +138,7 @@ class Predictor:
             ranks.append({"rank": r.rank, "stage": r.stage, "p10": p10, "p50": p50, "p90": p90})
         return loaded, {"model": None, "horizons": list(req.horizons), "ranks": ranks,
                         "bubble_fraction": bubble.tolist(), "step_time_s": step.tolist(),
-                        "intervals": intervals}
-
-    def _run_adapted(self, loaded: Loaded, fc: WindowForecast, horizons: list[int],
-                     run_id: str, step: int) -> np.ndarray:
-        """``(P, H, 3)`` seconds with the delay intervals adapted to run ``run_id``, whose
-        window ends at ``step``: its adaptive conformal state observes the window's delay
-        signal (``Window.delay``, the unit the model forecasts in), then rescales this
-        forecast's intervals."""
-        window = fc.window
-        with self.runs.session("forecast", loaded.ref.version, run_id, window.stages,
-                               step) as aci:
-            aci.observe(window.delay, step)
-            q = aci.adjust(fc.delay_q.transpose(1, 0, 2), horizons, step)
-        seconds = q.transpose(1, 0, 2) * fc.work_ahead[:, :, None]
-        if not np.all(np.isfinite(seconds)):
-            raise RequestError("ranks", "forecast seconds overflow for this window")
-        return seconds
+                        "intervals": "model" if aci is None else "run"}
 
     def recommend(self, request: RecommendRequest | dict[str, Any]) -> RecommendResponse:
         """The action to take now, with predicted step times with and without it."""
@@ -172,3 +157,17 @@ class Predictor:
             return cls.model_validate(request)
         except ValidationError as exc:
             raise validation_error(exc) from None
+
+
+def _run_adapted(aci: AdaptiveConformal, fc: WindowForecast, horizons: list[int], step: int
+                 ) -> np.ndarray:
+    """``(P, H, 3)`` seconds with the delay intervals adapted by the run's state ``aci``
+    (held for this request), the window ending at ``step``: it observes the window's delay
+    signal (``Window.delay``, the unit the model forecasts in), then rescales this
+    forecast's intervals."""
+    aci.observe(fc.window.delay, step)
+    q = aci.adjust(fc.delay_q.transpose(1, 0, 2), horizons, step)
+    seconds = q.transpose(1, 0, 2) * fc.work_ahead[:, :, None]
+    if not np.all(np.isfinite(seconds)):
+        raise RequestError("ranks", "forecast seconds overflow for this window")
+    return seconds

@@ -127,16 +127,13 @@ def _keep_numbers(state: PolicyState, forecaster: ModelSpeeds, req: RecommendReq
                     decision.reason or "keep the current plan")
 
 
-def recommend(loaded: Loaded, req: RecommendRequest, runs: RunIntervals | None = None
-              ) -> RecommendResponse:
-    """The predictive policy's decision for ``req`` under ``loaded``'s forecasts; with
-    ``runs``, a request giving ``run_id`` and ``step`` is served its run's adapted intervals
+def recommend(loaded: Loaded, req: RecommendRequest, runs: RunIntervals) -> RecommendResponse:
+    """The predictive policy's decision for ``req`` under ``loaded``'s forecasts; a request
+    giving ``run_id`` and ``step`` is served its run's adapted intervals from ``runs``
     (:mod:`bubblecast.serve.run_intervals`)."""
-    if runs is not None and req.run_id is not None and req.step is not None:
-        with runs.session("recommend", loaded.ref.version, req.run_id, req.pipeline.stages,
-                          req.step) as aci:
-            return _recommend(loaded, req, aci)
-    return _recommend(loaded, req, None)
+    with runs.for_request("recommend", loaded.ref.version, req.run_id, req.step,
+                          req.pipeline.stages) as aci:
+        return _recommend(loaded, req, aci)
 
 
 def _recommend(loaded: Loaded, req: RecommendRequest, aci: AdaptiveConformal | None

@@ -85,3 +85,14 @@ class RunIntervals:
                 state.aci = _fresh()
             state.step = int(step)
             yield state.aci
+
+    @contextmanager
+    def for_request(self, route: str, version: str, run_id: str | None, step: int | None,
+                    stages: int) -> Iterator[AdaptiveConformal | None]:
+        """:meth:`session` for a request that names its ``run_id`` and ``step``; ``None``
+        (the model's own intervals) for one that does not."""
+        if run_id is None or step is None:
+            yield None
+            return
+        with self.session(route, version, run_id, stages, step) as aci:
+            yield aci
