@@ -263,7 +263,6 @@ class AdaptiveConformal:
         self.decay = decay
         self.keep = keep
         self.log_scale: dict[int, float] = {}
-        self._factor: dict[int, float] = {}  # exp(log_scale), computed once per update
         # per horizon, the intervals issued and not yet scored, oldest origin first:
         # (origin, (P, 2) lo, hi)
         self._pending: dict[int, deque[tuple[int, np.ndarray]]] = {}
@@ -280,7 +279,8 @@ class AdaptiveConformal:
         q = np.asarray(q, dtype=np.float64)
         logs = np.log(np.maximum(q, 1e-300))
         hz = [int(x) for x in horizons]
-        k = np.array([self._factor.get(h, 1.0) for h in hz], dtype=np.float64)[:, None]
+        # exp of every horizon's scale at once (numpy's exp gives each element its own bits)
+        k = np.exp(np.array([self.log_scale.get(h, 0.0) for h in hz], dtype=np.float64))[:, None]
         out = logs.copy()
         mid = logs[:, :, 1]
         out[:, :, 0] = mid - k * (mid - logs[:, :, 0])
@@ -329,8 +329,6 @@ class AdaptiveConformal:
             self.log_scale[h] = float(min(max(theta, -3.0), 3.0))
             self.scored[h] = self.scored.get(h, 0) + 1
             self.miss_sum[h] = self.miss_sum.get(h, 0.0) + miss
-        for h in counts:
-            self._factor[h] = float(np.exp(self.log_scale[h]))
 
     def pending(self) -> int:
         """How many issued intervals wait for their target step."""

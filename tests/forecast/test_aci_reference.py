@@ -14,27 +14,13 @@ from hypothesis import strategies as st
 from bubblecast.forecast.conformal import AdaptiveConformal
 
 
-class ReferenceACI:
-    def __init__(self, coverage: float = 0.8, gamma: float = 0.02,
-                 gamma_start: float | None = None, decay: float = 60.0, keep: int = 64) -> None:
-        if not 0.0 < coverage < 1.0 or not gamma > 0:
-            raise ValueError(f"ACI: coverage in (0, 1) and gamma > 0, got {coverage}, {gamma}")
-        gamma_start = gamma if gamma_start is None else gamma_start
-        if not gamma_start >= gamma or not decay > 0:
-            raise ValueError(f"ACI: gamma_start >= gamma and decay > 0, got {gamma_start}, "
-                             f"{decay}")
-        self.coverage = coverage
-        self.gamma = gamma
-        self.gamma_start = gamma_start
-        self.decay = decay
-        self.keep = keep
-        self.log_scale: dict[int, float] = {}
+class ReferenceACI(AdaptiveConformal):
+    """The per-interval implementation: the settings, scales and counts are the class's own;
+    the issued intervals, their scoring and the step are the first implementation's."""
+
+    def __init__(self, **kw: float | int | None) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
         self.issued: dict[tuple[int, int], np.ndarray] = {}  # (origin, h) -> (P, 2) lo, hi
-        self.last_origin: int | None = None
-        # per horizon: intervals scored and the sum of their miss shares (constant memory
-        # over a run of any length: the service keeps one of these per run)
-        self.scored: dict[int, int] = {}
-        self.miss_sum: dict[int, float] = {}
 
     def adjust(self, q: np.ndarray, horizons: np.ndarray | list[int], origin: int
                ) -> np.ndarray:
@@ -80,10 +66,6 @@ class ReferenceACI:
         """The step of a horizon's update after ``scored`` earlier ones: ``gamma_start``
         decaying exponentially (scale ``decay`` updates) to ``gamma``."""
         return self.gamma + (self.gamma_start - self.gamma) * float(np.exp(-scored / self.decay))
-
-    def coverage_by_horizon(self) -> dict[int, float]:
-        """Realised coverage of the intervals scored so far, per horizon."""
-        return {h: 1.0 - self.miss_sum[h] / n for h, n in self.scored.items() if n}
 
 
 def _run(aci, ref, rng: np.random.Generator, horizons: list[int], ranks: int, steps: int,

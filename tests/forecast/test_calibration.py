@@ -228,7 +228,6 @@ def test_aci_scores_horizons_longer_than_its_memory():
     assert aci.log_scale[20] == pytest.approx(20 * 0.1 * (1.0 - 0.2))  # 20 misses
 
 
-
 def test_aci_state_stays_the_same_size_over_a_long_run():
     # the service keeps one per run for as long as the run sends requests
     aci = AdaptiveConformal(coverage=0.8, gamma=0.05, keep=16)
@@ -244,6 +243,7 @@ def test_aci_state_stays_the_same_size_over_a_long_run():
     assert sizes[0] == sizes[1] == (1 + 10, 2, 2, 2)  # unscored: origin t at h1, t-9..t at h10
     assert aci.scored == {1: 4999, 10: 4990}
     assert 0.7 < aci.coverage_by_horizon()[10] < 0.9
+
 
 def _served_online(speed: np.ndarray, aci: AdaptiveConformal | None = None,
                    horizons: tuple[int, ...] = (1,)) -> Any:
