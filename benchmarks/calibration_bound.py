@@ -95,8 +95,9 @@ class RawPool:
             model.shifts_ = own
         runs = frame["run_id"].astype(str).to_numpy()
         self.run_names, self.run_of = np.unique(runs, return_inverse=True)
-        self.scenario = dict(zip(runs, frame["scenario"].astype(str), strict=False))
         self.row_scenario = frame["scenario"].astype(str).to_numpy()
+        self.run_scenario = np.empty(len(self.run_names), dtype=object)  # per run index
+        self.run_scenario[self.run_of] = self.row_scenario
         self.regime = frame_regimes(frame, self.window)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.lo = {h: np.log(raw[h][:, 0]) for h in HORIZONS}
@@ -128,7 +129,7 @@ def draw(pool: RawPool, scenarios: tuple[str, ...], n_test: int, n_cal: dict[str
          rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """One resample: ``n_test`` test runs per scenario, and per calibration size the
     calibration runs drawn from the rest of the pool (``None``: all of the rest)."""
-    by = {s: np.flatnonzero([pool.scenario[r] == s for r in pool.run_names]) for s in scenarios}
+    by = {s: np.flatnonzero(pool.run_scenario == s) for s in scenarios}
     test = np.concatenate([rng.choice(v, n_test, replace=False) for v in by.values()])
     rest = rng.permutation(np.setdiff1d(np.concatenate(list(by.values())), test))
     return test, {k: rest if n is None else rest[:n] for k, n in n_cal.items()}
@@ -153,15 +154,14 @@ def readings(pool: RawPool, h: int, shifts: dict[str, dict[str, tuple[float, ...
 def by_scenario(pool: RawPool, runs: np.ndarray, per: int | None, scenarios: tuple[str, ...]
                 ) -> dict[str, np.ndarray]:
     """Per scenario, its first ``per`` runs of ``runs`` (``None``: all of them)."""
-    names = np.array([pool.scenario[r] for r in pool.run_names])[runs]
+    names = pool.run_scenario[runs]
     return {sc: runs[names == sc][:per] for sc in scenarios}
 
 
 def per_run_sd(pool: RawPool, h: int, shifts: dict[str, tuple[float, ...]],
                scenario: str) -> float:
     """Standard deviation over the pool's runs of ``scenario`` of each run's own coverage."""
-    runs = np.flatnonzero([pool.scenario[r] == scenario for r in pool.run_names])
-    rows = pool.rows(runs)
+    rows = pool.rows(np.flatnonzero(pool.run_scenario == scenario))
     inside = pool.inside(h, shifts, rows)
     per = pd.Series(inside).groupby(pool.run_of[rows]).mean()
     return float(per.std(ddof=1))
@@ -275,6 +275,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10, help="GRU epochs (early stopping).")
     ap.add_argument("--models", nargs="+", default=["lgbm", "gru"], choices=["lgbm", "gru"])
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     need = max(TEST_RUNS) + max(sum(MIXES[m][0].values()) for m in args.mixes)
     if args.pool < need:
@@ -287,7 +288,7 @@ def main() -> None:
                      band=list(BAND), scenario_band=list(SCENARIO_BAND))
     doc["command"] = "python benchmarks/calibration_bound.py " + " ".join(sys.argv[1:])
     doc.update(headline(records))
-    write_json(RESULTS, {**doc, "records": records})
+    write_json(args.out, {**doc, "records": records})
 
 
 if __name__ == "__main__":

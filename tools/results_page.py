@@ -449,7 +449,10 @@ def _horizons(models: dict) -> list[str]:
 
 
 def r_calibration_bound(doc: dict) -> list[str]:
-    kinds = ("fitted", "own", "train", "rest", "scenario_own", "scenario_train", "scenario_rest")
+    # the calibrations scored: each record's readings per test group (the model's own first)
+    kinds = sorted(dict.fromkeys(k for r in doc["records"] for k, v in r.items()
+                                 if isinstance(v, dict) and "all" in v),
+                   key=lambda k: k != "fitted")
     cells: dict[tuple, dict[str, list[tuple[float, float, float]]]] = {}
     cal: dict[str, dict[str, Any]] = {}
     for r in doc["records"]:
@@ -458,7 +461,7 @@ def r_calibration_bound(doc: dict) -> list[str]:
             for group, v in r.get(kind, {}).items():
                 key = (r["model"], r["mix"], group, r["test_runs"])
                 cells.setdefault(key, {}).setdefault(kind, []).append(
-                    (v["in_band"], v.get("all_horizons_in_band", math.nan), v["sd"]))
+                    (v["in_band"], v["all_horizons_in_band"], v["sd"]))
     lines = ["Share of resampled readings in band / of test draws in band at every horizon "
              "(sd of the readings), mean over training seeds "
              f"{fact(doc['train_seeds'])}; {fact(doc['resamples'])} resamples x 3 horizons; "
