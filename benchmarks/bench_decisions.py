@@ -5,9 +5,11 @@ For each setup and scenario family this trains LightGBM on simulated runs of tun
 static, reactive, the oracle and predictive twice: with the built-in trend forecaster
 (:class:`bubblecast.policy.forecasting.TrendForecaster`, as ``policy-eval`` runs it without a
 model) and with the trained model. Reported per family: the oracle share of each (the
-plain mean over runs where the oracle gains at least ``EvalConfig.min_oracle_gain``), the
-paired difference LightGBM - trend with its standard error, and the goals of issue 23:
-LightGBM >= trend on every family, and >= trend + 3 points on ``thermal``.
+plain mean over runs where the oracle gains at least ``EvalConfig.min_oracle_gain``; beside
+it, labelled, the share weighted by the oracle's gain), the paired difference LightGBM - trend
+with its standard error, and the goals of issue 23 (on the plain means): LightGBM >= trend on
+every family, and >= trend + 3 points on ``thermal``. ``--test-base`` draws another set of
+held-out runs.
 
 Setups:
 
@@ -28,11 +30,13 @@ where they are absent (``mixed`` runs carry the metrics of their components, e.g
 of ``seqlen``, which thermal runs do not).
 
     python benchmarks/bench_decisions.py [--quick] [--setups policy,sample] [--train 4]
-                                         [--test 24] [--steps N] [--trees 150]
+                                         [--test 24] [--steps N] [--trees 150] [--test-base 90000]
+    python benchmarks/bench_decisions.py --pool results/decisions.json results/decisions-X.json
 
 Prints a table and writes benchmarks/results/decisions.json (``--quick``: the sample setup
 only, 2 training and 3 test runs per family, written to the temporary directory, not among
-the results).
+the results). ``--pool`` summarizes the held-out runs of several draws (results files of other
+``--test-base`` seeds) as one, into results/decisions-pooled.json.
 """
 
 from __future__ import annotations
@@ -152,15 +156,21 @@ def compare_run(events: Any, run_id: str, model: Any, metrics: Any) -> dict[str,
 
 
 def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
-    """Plain mean shares over the scored runs, the paired difference lgbm - trend with its
-    standard error, and whether lgbm >= trend + ``margin`` (``met`` None: no run where the
-    oracle gains, so no share to compare; ``gains_equal`` says whether the two forecasters'
-    gains over static were equal on every run then)."""
+    """Plain mean shares over the scored runs (and beside them, ``*_weighted``, the shares
+    weighted by the oracle's gain), the paired difference lgbm - trend of the plain shares with
+    its standard error, and whether lgbm >= trend + ``margin`` on the plain mean (``met`` None:
+    no run where the oracle gains, so no share to compare; ``gains_equal`` says whether the two
+    forecasters' gains over static were equal on every run then)."""
     scored = [r for r in rows if r["scored"]]
     out: dict[str, Any] = {"runs": len(rows), "scored_runs": len(scored),
                            "oracle_gain_mean": float(np.mean([r["oracle_gain"] for r in rows]))}
+    oracle = sum(r["oracle_gain"] for r in scored)
     for name in ("reactive", "trend", "lgbm"):
         out[name] = float(np.mean([r[name]["share"] for r in scored])) if scored else None
+        # weighted by the oracle's gain (sum of gains over the oracle's sum): a run where the
+        # oracle gains little cannot swing it as it can a plain mean of ratios
+        out[f"{name}_weighted"] = float(sum(r[name]["gain"] for r in scored) / oracle) \
+            if scored else None
     diff = np.array([r["lgbm"]["share"] - r["trend"]["share"] for r in scored])
     out["lgbm_minus_trend"] = float(diff.mean()) if len(diff) else None
     out["diff_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
@@ -176,7 +186,7 @@ def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
 
 
 def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, trees: int,
-              steps: int | None) -> dict[str, Any]:
+              steps: int | None, test_base: int = TEST_BASE) -> dict[str, Any]:
     """Train on the tuning runs of every family (a model without covariates, and one with them
     where a family's runs carry device metrics), then compare on held-out runs."""
     t0 = time.perf_counter()
@@ -192,7 +202,7 @@ def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, tr
           flush=True)
     out: dict[str, Any] = {"train_s": trained, "families": {}}
     for k, family in enumerate(families):
-        events, metrics = simulate(setup, family, TEST_BASE + 100 * k, test, "test", steps)
+        events, metrics = simulate(setup, family, test_base + 100 * k, test, "test", steps)
         rows = []
         for run_id in events.run_ids:
             mine = metrics if family == COVARIATES else None
@@ -209,7 +219,8 @@ def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, tr
 
 def print_table(results: dict[str, Any]) -> None:
     print(f"\n{'setup':7} {'family':16} {'runs':>5} {'oracle':>7} {'reactive':>8} {'trend':>7} "
-          f"{'lgbm':>7} {'lgbm-trend':>11} {'+/=/-':>8} {'goal':>6}")
+          f"{'lgbm':>7} {'lgbm-trend':>11} {'+/=/-':>8} {'goal':>6} {'verdict':>16} "
+          f"{'weighted: trend':>15} {'lgbm':>5}")
     for name, res in results.items():
         for family, f in res["families"].items():
             s = f["summary"]
@@ -226,7 +237,7 @@ def print_table(results: dict[str, Any]) -> None:
                   f"{cell(s['lgbm']):>7} {diff:>11} "
                   f"{'/'.join(str(n) for n in s['runs_ahead_level_behind']):>8} "
                   f"{'>=' + format(s['margin'], '+.2f'):>6} "
-                  f"{verdict}")
+                  f"{verdict:>16} {cell(s['trend_weighted']):>15} {cell(s['lgbm_weighted']):>5}")
 
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +251,8 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
             s = f["summary"]
             out[f"{name} {family} oracle share trend"] = s["trend"]
             out[f"{name} {family} oracle share lgbm"] = s["lgbm"]
+            out[f"{name} {family} oracle share weighted trend"] = s["trend_weighted"]
+            out[f"{name} {family} oracle share weighted lgbm"] = s["lgbm_weighted"]
             if s["met"] is None:
                 unscored.append(f"{name} {family}")
             else:
@@ -247,6 +260,38 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
     out["goals met"] = f"{sum(met)} of {len(met)}" + (
         f" with a run to score (none in: {', '.join(unscored)})" if unscored else "")
     return out
+
+
+def pool_draws(paths: list[str], out: str) -> None:
+    """Pool the held-out runs of earlier results files (draws of other seeds, the same
+    setups, families and training) per setup and family, and summarize them as one draw."""
+    import json
+
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    first = docs[0]
+    keys = ("train_runs", "trees", "horizons", "train_seed_base", "setups")
+    bases = [d.get("test_seed_base") for d in docs]
+    for p, d in zip(paths, docs, strict=True):
+        if any(d.get(k) != first.get(k) for k in keys) or bases.count(d.get("test_seed_base")) > 1:
+            print(f"{p}: not another draw of {paths[0]}'s runs (the training, trees, horizons "
+                  "and setups must match and the held-out seed bases differ)", file=sys.stderr)
+            raise SystemExit(2)
+    results: dict[str, Any] = {}
+    for name in first["results"]:
+        fams: dict[str, Any] = {}
+        for family in first["results"][name]["families"]:
+            rows = [r for d in docs for r in d["results"][name]["families"][family]["runs"]]
+            margin = THERMAL_MARGIN if family == "thermal" else 0.0
+            fams[family] = {"summary": summarize(rows, margin), "runs": rows}
+        results[name] = {"families": fams}
+    print_table(results)
+    keep = ("train_runs", "horizons", "trees", "train_seed_base", "thermal_margin", "setups")
+    doc = {**run_header("decisions", pooled=paths,
+                        test_runs=sum(d["test_runs"] for d in docs),
+                        test_seed_bases=[d["test_seed_base"] for d in docs],
+                        **{k: first[k] for k in keep}),
+           **headline(results), "results": results}
+    write_json(out, doc)
 
 
 def main() -> None:
@@ -261,14 +306,24 @@ def main() -> None:
                          "error was as large as the differences)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: setup's)")
     ap.add_argument("--trees", type=int, default=150)
+    ap.add_argument("--test-base", type=int, default=TEST_BASE,
+                    help="seed base of the held-out runs (another base: another draw of them)")
     ap.add_argument("--out", default=None, help="results JSON (default: results/decisions.json; "
-                    "--quick: decisions-quick.json in the temporary directory)")
+                    "--quick: decisions-quick.json in the temporary directory; --pool: "
+                    "results/decisions-pooled.json)")
+    ap.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                    help="pool these results files' held-out runs (other draws) instead of "
+                         "running")
     args = ap.parse_args()
+    if args.pool:
+        pool_draws(args.pool, args.out or str(RESULTS / "decisions-pooled.json"))
+        return
     setups = ["sample"] if args.quick else [s for s in args.setups.split(",") if s]
     train, test = (2, 3) if args.quick else (args.train, args.test)
     families = tuple(f for f in args.families.split(",") if f)
     t0 = time.perf_counter()
-    jobs = [(SETUPS[name], families, train, test, args.trees, args.steps) for name in setups]
+    jobs = [(SETUPS[name], families, train, test, args.trees, args.steps, args.test_base)
+            for name in setups]
     if len(jobs) > 1:  # one process per setup (their lines interleave)
         from concurrent.futures import ProcessPoolExecutor
 
@@ -280,7 +335,7 @@ def main() -> None:
     print_table(results)
     doc = {**run_header("decisions", quick=args.quick, train_runs=train, test_runs=test,
                         horizons=list(HORIZONS), trees=args.trees, train_seed_base=TRAIN_BASE,
-                        test_seed_base=TEST_BASE, thermal_margin=THERMAL_MARGIN,
+                        test_seed_base=args.test_base, thermal_margin=THERMAL_MARGIN,
                         setups={n: vars(SETUPS[n]) for n in setups}),
            **headline(results), "results": results, "wall_s": time.perf_counter() - t0}
     default = Path(tempfile.gettempdir()) / "decisions-quick.json" if args.quick \

@@ -115,6 +115,10 @@ ABOUT = {
               "`whatif` and `simulate` end to end against bare imports.", None),
     "decisions": ("Predictive driven by a trained LightGBM against the trend forecaster: oracle "
                   "share per scenario family.", "Decisions: LightGBM against the trend"),
+    "decision_forecasts": ("The forecasts behind those decisions: served p10-p90 coverage and the "
+                           "log error of the median and of the planning speed, per horizon the "
+                           "policy plans over, LightGBM and the trend on the same origins.",
+                           "Decisions: LightGBM against the trend"),
     "live_balance": ("Planning each step's packed documents live on a real CPU pipeline "
                      "(the packed GPT): static, tokens and balance interleaved in one launch; "
                      "documents only, and one slow replica.", "Work balancing, live"),
@@ -148,7 +152,8 @@ ABOUT = {
 
 #: Order of the sections; benchmarks not listed follow, sorted by name.
 ORDER = ("schedules", "engine", "write", "load", "dataset", "solver", "migration", "record",
-         "forecast", "calibration", "calibration_bound", "aci", "policy", "guard", "balance",
+         "forecast", "calibration", "calibration_bound", "aci", "policy", "guard", "decisions",
+         "decision_forecasts", "balance",
          "live_balance", "plan_costs", "host_allocator", "host_interference", "plan_worker",
          "serve", "run_intervals", "live", "decision_thread", "fleet", "read")
 
@@ -475,6 +480,22 @@ def r_calibration_bound(doc: dict) -> list[str]:
             + f" ({statistics.fmean(c[2] for c in by[k]):.3f})"
             if k in by else "—" for k in kinds)))
     return lines + table(["model", "mix", "test group", "test runs", *kinds], rows)
+
+
+def r_decision_forecasts(doc: dict) -> list[str]:
+    shown = ("1", "16", "64", "128")
+    lines = [f"Per cell: served p10-p90 coverage / log MAE of the p50 / log MAE of the planning "
+             f"speed (risk {fact(doc['risk'])}); {fact(doc['test_runs'])} held-out runs per "
+             f"family, origins every {fact(doc['every'])} steps; trained on "
+             f"{fact(doc['train_runs'])} runs per family.", ""]
+    rows = []
+    for setup, families in doc["results"].items():
+        for family, by_name in families.items():
+            for name, by_h in by_name.items():
+                rows.append((setup, family, name, *(
+                    f"{c['coverage']:.2f} / {c['p50_log_mae']:.3f} / {c['plan_log_mae']:.3f}"
+                    if (c := by_h.get(h)) else "—" for h in shown)))
+    return lines + table(["setup", "family", "forecaster", *(f"h={h}" for h in shown)], rows)
 
 
 def r_forecast(doc: dict) -> list[str]:
@@ -954,7 +975,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "peers": r_peers, "live_balance": r_live_balance, "plan_worker": r_plan_worker,
     "plan_costs": r_plan_costs, "device_check": r_device_check,
     "host_allocator": r_host_allocator, "host_interference": r_host_interference,
-    "calibration_bound": r_calibration_bound,
+    "calibration_bound": r_calibration_bound, "decision_forecasts": r_decision_forecasts,
 }
 
 
@@ -1156,9 +1177,10 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         "caches", engine)
     add("forecast.json", "LightGBM forecasts on held-out runs: skill against the best "
         "baseline, p10-p90 coverage", forecast)
-    add("decisions.json", lambda d: "Decisions, not MAE: oracle share of predictive on a "
-        f"trained LightGBM / on the built-in trend, {d['test_runs']} held-out runs per family, "
-        "README's policy setup and the sample runs' (thermal: device covariates)", decisions)
+    add("decisions-pooled.json", lambda d: "Decisions, not MAE: oracle share of predictive on "
+        f"a trained LightGBM / on the built-in trend, {d['test_runs']} held-out runs per family "
+        f"({len(d['pooled'])} draws), README's policy setup and the sample runs' (thermal: "
+        "device covariates)", decisions)
     add("balance.json", "Per-step work planning on packed documents over the data loader's "
         "order, (a) short documents, (b) a long tail (4 stages x 8 micro-batches x 4 "
         "replicas, simulated)", balance)
