@@ -91,17 +91,17 @@ def held_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: flo
 
 def test_deadline_refusal_while_busy_and_a_gone_child(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    remote, plan, hold = held_process(tmp_path, monkeypatch, 0.2)
+    remote, plan, hold = held_process(tmp_path, monkeypatch, 1.0)
     try:
         args = [(*boundary(b, plan), plan, (b + 1) * EVERY - 1, None, None) for b in range(40)]
         hung = remote.submit(*args[0])
         queued = remote.submit(*args[1])
-        with pytest.raises(ForecastUnavailable, match="timed out after 0.2 s"):
+        with pytest.raises(ForecastUnavailable, match="timed out after 1 s"):
             remote.result(hung)
         t0 = time.monotonic()
-        with pytest.raises(ForecastUnavailable, match="abandoned after 0.2 s, is still running"):
+        with pytest.raises(ForecastUnavailable, match="abandoned after 1 s, is still running"):
             remote.result(queued)
-        assert time.monotonic() - t0 < 0.15  # refused at once, not waited for
+        assert time.monotonic() - t0 < 0.5  # refused at once, not after the 1 s timeout
         observed = remote.submit(*args[2])  # sent to be observed only, refused at submission
         assert observed.done.is_set() and observed.abandoned
         with pytest.raises(ForecastUnavailable, match="is still running"):
