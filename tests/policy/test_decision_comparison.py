@@ -21,11 +21,11 @@ import bench_decisions as bd  # noqa: E402
 #: failslow-ramped runs of the sample setup in ``python benchmarks/bench_decisions.py``
 #: (results/decisions.json, 150 trees on 16 runs) is within 0.01 on 17 of them and -0.015 to
 #: -0.146 on the other 7 (mean -0.013, standard error 0.006; over a second draw of 24 pooled
-#: with it, -0.014 +- 0.008: the goal is missed there, and the results notes say why). This test's smaller model (30 trees) is
-#: noisier: trained on 5, 6 and 8 runs its mean difference over these three scored runs was
-#: -0.006, -0.000 and -0.015, its worst run -0.045. The tolerance is 2x the worst of those
-#: means; a model that loses a few points on every run fails (with 3 training runs, one left
-#: to fit on: -0.11).
+#: with it, -0.014 +- 0.008: the goal is missed there, and the results notes say why). This
+#: test's smaller model (30 trees) is noisier: trained on 5, 6 and 8 runs its mean difference
+#: over these three scored runs was -0.006, -0.000 and -0.015, its worst run -0.045. The
+#: tolerance is 2x the worst of those means; a model that loses a few points on every run
+#: fails (with 3 training runs, one left to fit on: -0.11).
 TOLERANCE = 0.03
 TRAIN_RUNS = 6
 STEPS = 200
