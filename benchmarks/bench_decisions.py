@@ -267,15 +267,25 @@ def pool_draws(paths: list[str], out: str) -> None:
     setups, families and training) per setup and family, and summarize them as one draw."""
     import json
 
-    docs = [json.loads(Path(p).read_text()) for p in paths]
+    def refuse(path: str, why: str) -> None:
+        print(f"{path}: {why}", file=sys.stderr)
+        raise SystemExit(2)
+
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as exc:
+            refuse(p, f"cannot read a results file: {exc}")
+        if not isinstance(docs[-1], dict) or not isinstance(docs[-1].get("results"), dict):
+            refuse(p, "no 'results' object: not a bench_decisions results file")
     first = docs[0]
     keys = ("train_runs", "trees", "horizons", "train_seed_base", "setups")
     bases = [d.get("test_seed_base") for d in docs]
     for p, d in zip(paths, docs, strict=True):
         if any(d.get(k) != first.get(k) for k in keys) or bases.count(d.get("test_seed_base")) > 1:
-            print(f"{p}: not another draw of {paths[0]}'s runs (the training, trees, horizons "
-                  "and setups must match and the held-out seed bases differ)", file=sys.stderr)
-            raise SystemExit(2)
+            refuse(p, f"not another draw of {paths[0]}'s runs (the training, trees, horizons and "
+                      "setups must match and the held-out seed bases differ)")
     results: dict[str, Any] = {}
     for name in first["results"]:
         fams: dict[str, Any] = {}
