@@ -1165,7 +1165,9 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
             for name in names:
                 m = setups[name]["families"].get(family, {}).get("summary", {})
                 if m.get("lgbm") is not None and m.get("scored_runs", 0) > 1:
-                    cells.append(f"{m['lgbm']:.3f} / {m['trend']:.3f} ({name})")
+                    few = m["scored_runs"] < m.get("runs", 0) / 2  # the oracle gains on few
+                    cells.append(f"{m['lgbm']:.3f} / {m['trend']:.3f} ({name}"
+                                 + (f", {m['scored_runs']} scored runs" if few else "") + ")")
             if cells:
                 parts.append(f"{family} " + ", ".join(cells))
         return "; ".join(parts) + (f"; LightGBM >= trend (thermal: by 3 points) in "
