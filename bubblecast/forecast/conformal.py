@@ -306,22 +306,21 @@ class AdaptiveConformal:
         rows: list[int] = []
         bounds: list[np.ndarray] = []
         owners: list[int] = []  # each scored interval's horizon, its origins in order
+        ranks: list[int] = []  # and its number among its horizon's updates (for its step)
         for h, queue in self._pending.items():
+            rank = self.scored.get(h, 0)
             while queue and queue[0][0] + h <= now:
                 origin, b = queue.popleft()
                 if origin + h - offset >= 0:  # else its target is before the history
                     rows.append(origin + h - offset)
                     bounds.append(b)
                     owners.append(h)
+                    ranks.append(rank)
+                    rank += 1
         if not rows:
             return
         y, b = hist[rows], np.stack(bounds)
         misses = np.mean((y < b[:, :, 0]) | (y > b[:, :, 1]), axis=1).tolist()
-        ranks, counts = [], {}  # each update's number among its horizon's (for its step)
-        for h in owners:
-            k = counts.get(h, self.scored.get(h, 0))
-            ranks.append(k)
-            counts[h] = k + 1
         steps = self._steps(np.asarray(ranks, dtype=np.int64)).tolist()
         target = 1.0 - self.coverage
         for h, miss, step in zip(owners, misses, steps, strict=True):
