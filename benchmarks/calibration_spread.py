@@ -298,13 +298,12 @@ def main() -> None:
         print(f"{s['mix']:9} {s['train']:9} {s['model']:5} {label:11} {s['group']:9} "
               f"{s['mean']:.3f}  "
               f"{s['min']:.3f}  {s['max']:.3f}  {s['in_band']}/{s['n']} in {s['band']}")
-    doc = run_header("calibration", **{"train_seeds": args.train_seeds,
-                                       "held_seeds": args.held_seeds, "steps": args.steps,
-                                       "epochs": args.epochs, "band": list(BAND),
-                                       "gammas": args.gammas, "served_aci": served_aci(),
-                                       "scenario_band": list(SCENARIO_BAND)})
+    doc = run_header("calibration", script="calibration_spread.py",
+                     **{"train_seeds": args.train_seeds, "held_seeds": args.held_seeds,
+                        "steps": args.steps, "epochs": args.epochs, "band": list(BAND),
+                        "gammas": args.gammas, "served_aci": served_aci(),
+                        "scenario_band": list(SCENARIO_BAND)})
     doc.update(headline(table))
-    doc["command"] = "python benchmarks/calibration_spread.py " + " ".join(sys.argv[1:])
     write_json(RESULTS, {**doc, "summary": table, "records": records})
 
 

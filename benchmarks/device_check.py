@@ -293,9 +293,9 @@ def main() -> None:
     from device_check_packed import packed_check, print_packed
 
     doc: dict[str, Any] = run_header(
-        "device_check", device="cpu (dry run)" if args.cpu else torch.cuda.get_device_name(device),
+        "device_check", script="device_check.py",
+        device="cpu (dry run)" if args.cpu else torch.cuda.get_device_name(device),
         torch=torch.__version__, cuda=torch.version.cuda)
-    doc["command"] = "python benchmarks/device_check.py " + " ".join(sys.argv[1:])
 
     def write() -> None:
         if not args.cpu:
