@@ -136,15 +136,15 @@ def draw(pool: RawPool, scenarios: tuple[str, ...], n_test: int, n_cal: dict[str
 
 
 def readings(pool: RawPool, h: int, shifts: dict[str, dict[str, tuple[float, ...]]],
-             test: np.ndarray, scenarios: tuple[str, ...]) -> dict[str, float]:
-    """Coverage of the test runs at ``h``, each scenario's runs under ``shifts[scenario]``:
-    ``all`` and, with several scenarios, per scenario."""
-    rows = pool.rows(test)
-    names = pool.row_scenario[rows]
-    inside = np.full(int(rows.sum()), np.nan)
+             rows: np.ndarray, scenarios: tuple[str, ...]) -> dict[str, float]:
+    """Coverage of the test runs' ``rows`` (a row mask) at ``h``, each scenario's runs under
+    ``shifts[scenario]``: ``all`` and, with several scenarios, per scenario."""
+    index = np.flatnonzero(rows)
+    names = pool.row_scenario[index]
+    inside = np.full(len(index), np.nan)
     for sc in scenarios:
         part = names == sc
-        inside[part] = pool.inside(h, shifts[sc], np.flatnonzero(rows)[part])
+        inside[part] = pool.inside(h, shifts[sc], index[part])
     out = {"all": float(np.nanmean(inside))}
     if len(scenarios) > 1:
         out.update({sc: float(np.nanmean(inside[names == sc])) for sc in scenarios})
@@ -177,19 +177,25 @@ def resample(pool: RawPool, mix: str, n_test: int, resamples: int, seed: int
     per_train = max(train_counts.values())
     rng = np.random.default_rng(seed)
     values: dict[str, dict[str, list[float]]] = {}
+    oracle = (("scenario_own", per_own), ("scenario_train", per_train),
+              ("scenario_rest", None)) if len(scenarios) > 1 else ()
     for _ in range(resamples):
         test, cals = draw(pool, scenarios, n_test, n_cal, rng)
+        # row masks once per resample, for every horizon
+        test_rows = pool.rows(test)
+        cal_rows = {kind: pool.rows(runs) for kind, runs in cals.items()}
+        # oracle groups: each scenario calibrated on its own runs
+        group_rows = {kind: {sc: pool.rows(runs) for sc, runs in
+                             by_scenario(pool, cals["rest"], per, scenarios).items()}
+                      for kind, per in oracle}
         for h in HORIZONS:
-            fits = {kind: dict.fromkeys(scenarios, pool.fit(h, pool.rows(runs)))
-                    for kind, runs in cals.items()}
+            fits = {kind: dict.fromkeys(scenarios, pool.fit(h, rows))
+                    for kind, rows in cal_rows.items()}
             fits["fitted"] = dict.fromkeys(scenarios, pool.own[h])
-            if len(scenarios) > 1:  # oracle groups: each scenario calibrated on its own runs
-                for kind, per in (("scenario_own", per_own), ("scenario_train", per_train),
-                                  ("scenario_rest", None)):
-                    fits[kind] = {sc: pool.fit(h, pool.rows(runs)) for sc, runs in
-                                  by_scenario(pool, cals["rest"], per, scenarios).items()}
+            fits.update({kind: {sc: pool.fit(h, rows) for sc, rows in by.items()}
+                         for kind, by in group_rows.items()})
             for kind, shifts in fits.items():
-                for g, v in readings(pool, h, shifts, test, scenarios).items():
+                for g, v in readings(pool, h, shifts, test_rows, scenarios).items():
                     values.setdefault(kind, {}).setdefault(g, []).append(v)
     out = {}
     for kind, groups in values.items():
@@ -282,11 +288,11 @@ def main() -> None:
         ap.error(f"--pool: needs at least {need} runs per scenario ({max(TEST_RUNS)} test "
                  f"runs and as many calibration runs as the mix trains on), got {args.pool}")
     records = run(args)
-    doc = run_header("calibration_bound", train_seeds=args.train_seeds, pool=args.pool,
-                     pool_seed=args.pool_seed, resamples=args.resamples, seed=args.seed,
-                     steps=args.steps, epochs=args.epochs, test_runs=list(TEST_RUNS),
-                     band=list(BAND), scenario_band=list(SCENARIO_BAND))
-    doc["command"] = "python benchmarks/calibration_bound.py " + " ".join(sys.argv[1:])
+    doc = run_header("calibration_bound", script="calibration_bound.py",
+                     train_seeds=args.train_seeds, pool=args.pool, pool_seed=args.pool_seed,
+                     resamples=args.resamples, seed=args.seed, steps=args.steps,
+                     epochs=args.epochs, test_runs=list(TEST_RUNS), band=list(BAND),
+                     scenario_band=list(SCENARIO_BAND))
     doc.update(headline(records))
     write_json(args.out, {**doc, "records": records})
 
