@@ -94,9 +94,10 @@ def main() -> None:
         ap.error("--decisions and --rounds must be positive")
     try:
         base = base_class(args.base)
-    except subprocess.CalledProcessError as exc:
+    except (subprocess.CalledProcessError, OSError) as exc:
+        stderr = getattr(exc, "stderr", None)
         sys.exit(f"bench_aci: cannot read revision {args.base!r} from git: "
-                 f"{exc.stderr.strip().splitlines()[-1] if exc.stderr else exc}")
+                 f"{stderr.strip().splitlines()[-1] if stderr else exc}")
     results = measure(base, args.decisions, args.rounds)
     print(f"{'horizons':20} {args.base:>10} {'this tree':>10} {'ratio':>6}  same answers")
     for name, r in results.items():

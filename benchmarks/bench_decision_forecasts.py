@@ -52,6 +52,8 @@ from bench_decisions import (  # noqa: E402
     train_model,
 )
 
+from bubblecast.policy.state import horizon_grid, planning_speed  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 RISK = 0.3  # PredictivePolicy's default
 FORECASTERS = ("trend", "lgbm")
@@ -67,8 +69,6 @@ class _Tally:
 
     def add(self, q: np.ndarray, realised: np.ndarray) -> None:
         """``q``: ``(P, 3)`` p10/p50/p90 speeds; ``realised``: ``(P,)`` speeds."""
-        from bubblecast.policy.state import planning_speed
-
         self.covered += int(((realised >= q[:, 0]) & (realised <= q[:, 2])).sum())
         self.above += int((realised > q[:, 2]).sum())
         self.pairs += len(realised)
@@ -114,8 +114,6 @@ def score_run(events: Any, run_id: str, model: Any, metrics: Any, hz: np.ndarray
 
 def run_setup(setup: Setup, train: int, test: int, trees: int, every: int) -> dict[str, Any]:
     """Train as bench_decisions does, then score both forecasters on its held-out runs."""
-    from bubblecast.policy.state import horizon_grid
-
     t0 = time.perf_counter()
     parts = [simulate(setup, f, TRAIN_BASE + 100 * k, train, "train")
              for k, f in enumerate(FAMILIES)]
