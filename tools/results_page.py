@@ -460,6 +460,8 @@ def r_calibration_bound(doc: dict) -> list[str]:
                    key=lambda k: k != "fitted")
     cells: dict[tuple, dict[str, list[tuple[float, float, float]]]] = {}
     cal: dict[str, dict[str, Any]] = {}
+    # each reading is one resample at one horizon
+    horizons = doc["records"][0]["fitted"]["all"]["n"] // doc["resamples"]
     for r in doc["records"]:
         cal.setdefault(r["mix"], {}).update(r["calibration_runs"])
         for kind in kinds:
@@ -469,7 +471,8 @@ def r_calibration_bound(doc: dict) -> list[str]:
                     (v["in_band"], v["all_horizons_in_band"], v["sd"]))
     lines = ["Share of resampled readings in band / of test draws in band at every horizon "
              "(sd of the readings), mean over training seeds "
-             f"{fact(doc['train_seeds'])}; {fact(doc['resamples'])} resamples x 3 horizons; "
+             f"{fact(doc['train_seeds'])}; {fact(doc['resamples'])} resamples x "
+             f"{horizons} horizons; "
              "calibration runs per kind: " + "; ".join(
                  f"{mix} " + ", ".join(f"{k} {fact(v)}" for k, v in c.items())
                  for mix, c in cal.items()) + ". `fitted` is the model's own shifts.", ""]
