@@ -66,6 +66,9 @@ def rank_step_table(frame: pd.DataFrame, start: np.ndarray | None = None,
     table["window_start"] = g["lo"].transform("min")
     table["window_s"] = g["hi"].transform("max") - table["window_start"]
     table = table.loc[np.isfinite(table["window_s"].to_numpy())]
+    # a rank's busy seconds are a sum of its segments: rounding can take them an ulp past the
+    # window they lie in, and idle an ulp below 0
+    table["busy_s"] = np.minimum(table["busy_s"], table["window_s"])
     table["idle_s"] = table["window_s"] - table["busy_s"]
     table["span_s"] = table["hi"] - table["lo"]
     cols = ["step", "rank", "stage", "replica", "window_start", "window_s", "busy_s", "idle_s",
