@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all bench lint fix clean wheel-check
+.PHONY: demo test test-all fuzz bench lint fix clean wheel-check
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
+# The property tests with fresh random examples (`make test` draws the same ones every run: the
+# profiles in tests/conftest.py); a failure prints the blob that reproduces it.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q -m hypothesis $(PYTEST_ARGS)
+
 # The slow tests include tests/test_wheel.py's whole wheel check (what `make wheel-check` runs).
-bench: $(STAMP)
+bench: $(STAMP) fuzz
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 

@@ -1,10 +1,20 @@
-"""Shared fixtures: paths to the real public data copied into the repository's data/."""
+"""Shared fixtures (paths to the real public data copied into the repository's data/) and the
+Hypothesis profile every property test runs under."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (`make test` gives the same result for the
+# same code, in CI as here); `make fuzz` runs them with fresh random examples to find new
+# cases (HYPOTHESIS_PROFILE=explore). A case found that way becomes a fixed regression test.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
