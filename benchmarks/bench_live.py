@@ -29,7 +29,7 @@ its controller to the one without (interleaved, same load), and each rank's seco
 controller (median phases per boundary) over the step time.
 
     python benchmarks/bench_live.py [--quick] [--every 10] [--sequential] [--lead 30]
-    python benchmarks/bench_live.py --learned [--quick] [--runs 3] [--work DIR]
+    python benchmarks/bench_live.py --learned [--quick] [--runs 3] [--work DIR] [--self-share]
 
 ``--lead L``: the emulated device heats up L steps before the slowdown (``--inject ...,lead=L``;
 its temperature is recorded as a device metric and read by the predictive policy's
@@ -51,6 +51,10 @@ static on the mean and 0.85 in every run; on the plain ramp, within 1% of reacti
 DIR`` keeps (and reuses) the training runs and the model. Writes
 benchmarks/results/live-learned.json (``--quick``: live-learned-quick.json: 4 training runs,
 one repetition, 200 steps) and its PNG (the first repetition's thermal launch).
+``--self-share``: each launch also runs the scripted trainer a second time, and its share of
+the first one's gain is taken as the predictive policy's is (``scripted_self_share``): what
+the measurement gives a controller that moves exactly as the scripted one does, the floor of
+the per-run share goal.
 
 Prints a table, writes benchmarks/results/live.json and live.png (``--quick``: live-quick.*).
 """
@@ -74,6 +78,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("static", "reactive", "predictive")
 OFF = "static-off"  # static, controller disabled: the overhead reference
 ORACLE = "scripted-best"  # knows the ramp: 7|5 from factor 1.15, 8|4 from 1.5, 9|3 from 1.85
+AGAIN = "scripted-again"  # --self-share: the same script once more, measured like a policy
 FULL = {"steps": 440, "start": 100, "ramp": 60, "end": 400}
 QUICK = {"steps": 180, "start": 40, "ramp": 30, "end": 160}
 #: The learned lead's test runs (the model needs its feature history, 60 steps, before it
@@ -176,13 +181,15 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int], lead: int |
                     model: str | None = None, lead_rise: float | None = None
                     ) -> dict[str, Any]:
     """One launch, one trainer per policy (module doc); ``model``: the predictive policy's
-    trained model (then no controller-off trainer: the overhead is not measured)."""
+    trained model (then no controller-off trainer: the overhead is not measured);
+    ``args.self_share``: a second scripted trainer."""
     from bubblecast.runtime.control.control_config import ControllerConfig
     from bubblecast.runtime.launch import failure_message, launch
 
     lead = args.lead if lead is None else lead
     runs = {}
-    for name in (*POLICIES, *(() if model else (OFF,)), ORACLE):
+    again = (AGAIN,) if getattr(args, "self_share", False) else ()
+    for name in (*POLICIES, *(() if model else (OFF,)), ORACLE, *again):
         policy = name if name in POLICIES else "static"
         config = train_config(scale["steps"], inject_spec(scale, lead), f"live-{name}",
                               args.hidden)
@@ -198,6 +205,8 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int], lead: int |
         {"step": start + int(np.ceil(0.5 * ramp)), "partition": [8, 4]},  # fixed-plus-per-
         {"step": start + int(np.ceil(0.85 * ramp)), "partition": [9, 3]},  # layer estimate
         {"step": scale["end"], "partition": [6, 6]}]
+    for name in again:
+        runs[name]["script"] = runs[ORACLE]["script"]
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         job_dir = Path(tmp)
         (job_dir / "bench.json").write_text(json.dumps({"runs": runs, "steps": scale["steps"]}))
@@ -314,6 +323,18 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
     share_mean = float((np.mean(pr) - 1.0) / (np.mean(sr) - 1.0)) if np.mean(sr) > 1.0 \
         else None  # the scripted run gained nothing over static: no share to take
     plain_gap = ahead_of(ratios(plain, "predictive"), ratios(plain, "reactive"))
+    again = {}
+    if AGAIN in lead[0]:  # the scripted moves measured against themselves: the share's floor
+        self_share = [(a - 1.0) / (s - 1.0) if s > 1.0 else None
+                      for a, s in zip(ratios(lead, AGAIN), sr, strict=True)]
+        known = [x for x in self_share if x is not None]
+        again = {"scripted_self_share": self_share,
+                 "scripted_self_share_sd": float(np.std(known, ddof=1)) if len(known) > 1
+                 else None,
+                 "scripted_self_under_0_85": sum(x < 0.85 for x in known),
+                 "predictive_share_sd": float(np.std([x for x in share if x is not None],
+                                                     ddof=1)) if len(share) > 1 else None,
+                 "predictive_under_0_85": sum(x is not None and x < 0.85 for x in share)}
     # beside the goals, not one of them: from the fault's first sign (the device's heating),
     # where a move made before the slowdown is charged (the goals' window starts at it)
     ps, rs = ratios(lead, "predictive", "from_sign"), ratios(lead, "reactive", "from_sign")
@@ -331,7 +352,7 @@ def learned_goals(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "plain_reactive_ratio": ratios(plain, "reactive"),
             "plain_gap_pct": 100.0 * plain_gap, "plain_within_1pct": abs(plain_gap) <= 0.01,
             "predictive_ratio_from_sign": ps, "reactive_ratio_from_sign": rs,
-            "ahead_from_sign_mean_pct": 100.0 * ahead_of(ps, rs)}
+            "ahead_from_sign_mean_pct": 100.0 * ahead_of(ps, rs), **again}
 
 
 def decision_step_costs(runs: list[dict[str, Any]], every: int, start: int,
@@ -345,7 +366,7 @@ def decision_step_costs(runs: list[dict[str, Any]], every: int, start: int,
     idx = np.arange(first, start)
     beside = idx % every == 0
     for name in runs[0]["plain"]:
-        if name in ("static", ORACLE):
+        if name in ("static", ORACLE, AGAIN):
             continue
         on, off = [], []
         for r in runs:
@@ -522,7 +543,7 @@ def print_table(results: dict[str, Any], title: str | None = None) -> None:
         print(title)
     print(f"{'policy':14} {'before/s':>9} {'slowed/s':>9} {'ratio':>6} {'plateau':>8} "
           f"{'first act':>9} {'responds':>8} {'moves':>5} {'final':>6} {'decide ms':>9}")
-    for name in (*POLICIES, ORACLE):
+    for name in (*POLICIES, ORACLE, AGAIN):
         if name not in results:
             continue
         r = results[name]
@@ -552,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None,
                     help="--learned: keep the training runs and the model in this folder, "
                          "and reuse them when it already holds them")
+    ap.add_argument("--self-share", action="store_true",
+                    help="--learned: run the scripted trainer twice per launch and report the "
+                         "second's share of the first's gain (the per-run share's floor)")
     args = ap.parse_args(argv)
     if args.learned:
         args.runs = args.runs or (1 if args.quick else 3)

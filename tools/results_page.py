@@ -1152,12 +1152,17 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
         sign = g.get("ahead_from_sign_mean_pct")
         steps = g["lead_steps"]
         moves = ", ".join(str(x) for x in steps) if len(steps) <= 3 else \
-            f"{min(steps)}-{max(steps)}"
+            f"{min(steps)} to {max(steps)}"
         return (f"first move {moves} steps before reactive; "
                 f"predictive vs reactive {g['ahead_mean_pct']:+.1f}% (mean of {g['runs']})"
                 + ("" if sign is None else f", {sign:+.1f}% counted from the fault's first "
                    "sign") + f"; {g['share_mean']:.2f} of the scripted run's gain; plain ramp "
-                f"{g['plain_gap_pct']:+.2f}% vs reactive")
+                f"{g['plain_gap_pct']:+.2f}% vs reactive"
+                + ("" if "scripted_self_share" not in g else
+                   f"; the scripted run against itself {min(g['scripted_self_share']):.2f}-"
+                   f"{max(g['scripted_self_share']):.2f} of its gain (predictive "
+                   f"{min(g['share_of_scripted_gain']):.2f}-"
+                   f"{max(g['share_of_scripted_gain']):.2f})"))
 
     def decisions(d: dict) -> str:
         setups = d["results"]
@@ -1198,7 +1203,8 @@ def _headline_rows(results: list[Result]) -> list[tuple[str, str, str]]:
     add("live-learned.json", lambda d: "Live thermal lead from a trained LightGBM with device "
         f"covariates, held-out fault ({d['inject']}; 2 CPU stages; the latest launch, the "
         "results notes list every launch)", learned)
-    add("live-learned-15run.json", "The same, 15 runs in one launch", learned)
+    add("live-learned-self.json", "The same, 15 runs in one launch, the scripted run measured "
+        "twice", learned)
     add("peers.json", "Beside the peers on the same work (10.24M events; trace-ST)", peers)
     add("bench_serve.json", "Prediction service at 500 requests/s offered", serve)
     add("bench_fleet-2000x800.json", lambda d: f"`dataset` on a fleet of {d['runs']:,} runs, "
