@@ -22,7 +22,7 @@ is not reported. A forecaster whose planning speeds are closer on
 average can still lose decisions: these figures say whether a loss comes from the forecasts
 on the mean or from a few runs' moves.
 
-    python benchmarks/bench_decision_forecasts.py [--setups sample] [--train 4] [--test 24]
+    python benchmarks/bench_decision_forecasts.py [--setups sample] [--train 12] [--test 24]
                                                   [--every 4] [--trees 150]
 
 Prints a table and writes benchmarks/results/decision_forecasts.json.
@@ -47,6 +47,7 @@ from bench_decisions import (  # noqa: E402
     SETUPS,
     TEST_BASE,
     TRAIN_BASE,
+    TRAIN_RUNS,
     Setup,
     simulate,
     train_model,
@@ -150,7 +151,7 @@ def print_table(results: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setups", default="sample")
-    ap.add_argument("--train", type=int, default=4, help="training runs per family")
+    ap.add_argument("--train", type=int, default=TRAIN_RUNS, help="training runs per family")
     ap.add_argument("--test", type=int, default=24, help="held-out runs per family")
     ap.add_argument("--every", type=int, default=4, help="steps between scored origins")
     ap.add_argument("--trees", type=int, default=150)

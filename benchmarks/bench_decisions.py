@@ -21,7 +21,8 @@ Setups:
 Families: ``throttle``, ``failslow-ramped`` (bench_policy's fail-slow with a 30-150-step onset),
 ``thermal`` (with device metrics: the model is trained and run with ``covariates="auto"``, the
 features ``dataset --covariates auto`` builds) and ``mixed``. Per setup, LightGBM is trained on
-the tuning runs of all four families (the pooled mix a user would train) with the horizons
+12 tuning runs (``--train``) of each of the four families (the pooled mix a user would train;
+4 taught it too little of where a ramp ends: docs/results-notes.md) with the horizons
 :data:`HORIZONS` (the policy plans over 256 steps; a model that stops at 10 steps is held flat
 beyond them), twice: without covariates, for ``throttle``, ``failslow-ramped`` and ``mixed``,
 and with the thermal runs' device metrics (``covariates="auto"``; the other families' runs
@@ -29,7 +30,7 @@ give those features as missing), for ``thermal``: a model trained with covariate
 where they are absent (``mixed`` runs carry the metrics of their components, e.g. the tokens
 of ``seqlen``, which thermal runs do not).
 
-    python benchmarks/bench_decisions.py [--quick] [--setups policy,sample] [--train 4]
+    python benchmarks/bench_decisions.py [--quick] [--setups policy,sample] [--train 12]
                                          [--test 24] [--steps N] [--trees 150] [--test-base 90000]
     python benchmarks/bench_decisions.py --pool results/decisions.json results/decisions-X.json
 
@@ -61,6 +62,7 @@ THERMAL_MARGIN = 0.03
 LEVEL = 0.001  # a per-run share difference counted as level
 COVARIATES = "thermal"  # the family whose runs' device metrics the covariate model reads
 TRAIN_BASE, TEST_BASE = 1000, 90000
+TRAIN_RUNS = 12  # tuning runs per family (4 before: docs/results-notes.md, "Decisions")
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,7 @@ def main() -> None:
                     help="sample setup only, 2 training and 3 test runs per family")
     ap.add_argument("--setups", default="policy,sample")
     ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--train", type=int, default=4, help="training runs per family")
+    ap.add_argument("--train", type=int, default=TRAIN_RUNS, help="training runs per family")
     ap.add_argument("--test", type=int, default=24,
                     help="held-out runs per family (with 6, the paired difference's standard "
                          "error was as large as the differences)")
