@@ -65,7 +65,7 @@ def _as_request_layout(w: Window) -> Window:
                   next_tokens=w.next_tokens)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None)
 @given(window=windows(), fortran=st.booleans(), hz=st.sampled_from([[1, 5, 10], [10, 1], [5]]))
 def test_origin_matrix_is_bit_identical_to_the_first_numpy_version(window, fortran, hz):
     """The per-request CPU work kept every bit: names, float32 features and float64 level."""
@@ -86,7 +86,7 @@ def test_origin_matrix_is_bit_identical_to_the_first_numpy_version(window, fortr
     np.testing.assert_array_equal(level, ref_level)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=40, deadline=None)
 @given(window=windows())
 def test_origin_features_equal_build_features(window):
     hz = [1, 5, 10]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.helpers import all_finite
 from tests.serve.fakes import forecast_request, recommend_request
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
@@ -164,7 +164,7 @@ def test_the_fuzzers_reach_the_model():
     pred = Predictor(ScaledLast(min_window=1), ModelInfo(name="f", version="1", source="m"))
     seen: dict[int, int] = {}
 
-    @settings(max_examples=150, deadline=None, derandomize=True)
+    @settings(max_examples=150, deadline=None)
     @given(req=plausible())
     def run(req):
         route = "/v1/recommend" if "partition" in req else "/v1/forecast"

@@ -145,7 +145,7 @@ def test_valid_requests_pass_every_schemathesis_check(st_schema, route):
     seen = STATS.setdefault(route, {})
 
     @settings(max_examples=60 if route == "/v1/recommend" else 100, deadline=None,
-              derandomize=True, suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck))
     @given(req=valid_request(route == "/v1/recommend"))
     def run(req: dict[str, Any]) -> None:
         case = operation.Case(body=req, headers=dict(AUTH))
