@@ -50,7 +50,7 @@ from bench_decisions import (  # noqa: E402
     TRAIN_RUNS,
     Setup,
     simulate,
-    train_model,
+    train_models,
 )
 
 from bubblecast.policy.state import horizon_grid, planning_speed  # noqa: E402
@@ -97,17 +97,15 @@ def score_run(events: Any, run_id: str, model: Any, metrics: Any, hz: np.ndarray
     run = load_run(events, run_id)
     history = run.history
     steps = len(history)
-    forecasters = {"trend": TrendForecaster(),
-                   "lgbm": model_forecaster(model, events, run_id, run.steps, run.unit,
-                                            metrics=metrics)}
-    table = forecasters["lgbm"].table
+    trend = TrendForecaster()  # no state: asked at the scored origins only
+    lgbm = model_forecaster(model, events, run_id, run.steps, run.unit, metrics=metrics)
     for t in range(8, steps - 1):  # PredictivePolicy's min_history
         state = types.SimpleNamespace(t=t, history=history[: t + 1])
-        own = bool(np.all(np.isfinite(table[t])))  # the model's own forecast, not the trend's
-        for name, forecaster in forecasters.items():
-            q = forecaster.forecast(state, hz)  # every step: the served ACI observes each
-            if t % every or not own:
-                continue
+        q_lgbm = lgbm.forecast(state, hz)  # every step: the served ACI observes each
+        own = bool(np.all(np.isfinite(lgbm.table[t])))  # the model's own, not the trend's
+        if t % every or not own:
+            continue
+        for name, q in (("trend", trend.forecast(state, hz)), ("lgbm", q_lgbm)):
             for i, h in enumerate(hz):
                 if t + h < steps:
                     tallies[name][int(h)].add(q[i], history[t + h])
@@ -116,12 +114,7 @@ def score_run(events: Any, run_id: str, model: Any, metrics: Any, hz: np.ndarray
 def run_setup(setup: Setup, train: int, test: int, trees: int, every: int) -> dict[str, Any]:
     """Train as bench_decisions does, then score both forecasters on its held-out runs."""
     t0 = time.perf_counter()
-    parts = [simulate(setup, f, TRAIN_BASE + 100 * k, train, "train")
-             for k, f in enumerate(FAMILIES)]
-    models = {False: train_model(parts, trees, covariates=False),
-              True: train_model([(e, m if f == COVARIATES else None)
-                                 for f, (e, m) in zip(FAMILIES, parts, strict=True)],
-                                trees, covariates=True)}
+    models = train_models(setup, FAMILIES, train, trees)
     hz, _ = horizon_grid(256)
     out: dict[str, Any] = {}
     for k, family in enumerate(FAMILIES):

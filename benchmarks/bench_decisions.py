@@ -187,18 +187,27 @@ def summarize(rows: list[dict[str, Any]], margin: float) -> dict[str, Any]:
     return out
 
 
-def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, trees: int,
-              steps: int | None, test_base: int = TEST_BASE) -> dict[str, Any]:
-    """Train on the tuning runs of every family (a model without covariates, and one with them
-    where a family's runs carry device metrics), then compare on held-out runs."""
-    t0 = time.perf_counter()
+def train_models(setup: Setup, families: tuple[str, ...], train: int, trees: int,
+                 steps: int | None = None) -> dict[bool, Any]:
+    """LightGBM on ``train`` tuning runs of every family, keyed by covariates: ``False``
+    without them, and ``True`` (where :data:`COVARIATES` is among the families) with the
+    device metrics of its runs alone (the other families' runs give the features as
+    missing)."""
     parts = [simulate(setup, f, TRAIN_BASE + 100 * k, train, "train", steps)
              for k, f in enumerate(families)]
     models = {False: train_model(parts, trees, covariates=False)}
-    if COVARIATES in families:  # its runs' metrics only: every family's runs, thermal's covariates
+    if COVARIATES in families:
         models[True] = train_model([(e, m if f == COVARIATES else None)
                                     for f, (e, m) in zip(families, parts, strict=True)],
                                    trees, covariates=True)
+    return models
+
+
+def run_setup(setup: Setup, families: tuple[str, ...], train: int, test: int, trees: int,
+              steps: int | None, test_base: int = TEST_BASE) -> dict[str, Any]:
+    """Train (:func:`train_models`), then compare on held-out runs."""
+    t0 = time.perf_counter()
+    models = train_models(setup, families, train, trees, steps)
     trained = time.perf_counter() - t0
     print(f"[{setup.name}] trained on {train} runs x {len(families)} families: {trained:.0f} s",
           flush=True)
