@@ -293,10 +293,19 @@ def pool_draws(paths: list[str], out: str) -> None:
     first = docs[0]
     keys = ("train_runs", "trees", "horizons", "train_seed_base", "setups")
     bases = [d.get("test_seed_base") for d in docs]
-    for p, d in zip(paths, docs, strict=True):
-        if any(d.get(k) != first.get(k) for k in keys) or bases.count(d.get("test_seed_base")) > 1:
-            refuse(p, f"not another draw of {paths[0]}'s runs (the training, trees, horizons and "
-                      "setups must match and the held-out seed bases differ)")
+
+    def families(d: dict[str, Any]) -> dict[str, list[str]]:
+        return {n: list(r.get("families", {})) for n, r in d["results"].items()}
+
+    for i, (p, d) in enumerate(zip(paths, docs, strict=True)):
+        missing = [k for k in (*keys, "test_runs", "test_seed_base", "thermal_margin")
+                   if k not in d]
+        if missing:
+            refuse(p, f"missing key '{missing[0]}': not a bench_decisions results file")
+        if any(d[k] != first[k] for k in keys) or d["test_seed_base"] in bases[:i] \
+                or families(d) != families(first):
+            refuse(p, f"not another draw of {paths[0]}'s runs (the training, trees, horizons, "
+                      "setups and families must match and the held-out seed bases differ)")
     results: dict[str, Any] = {}
     for name in first["results"]:
         fams: dict[str, Any] = {}
