@@ -188,7 +188,7 @@ def run_interleaved(args: argparse.Namespace, scale: dict[str, int], lead: int |
 
     lead = args.lead if lead is None else lead
     runs = {}
-    again = (AGAIN,) if getattr(args, "self_share", False) else ()
+    again = (AGAIN,) if args.self_share else ()
     for name in (*POLICIES, *(() if model else (OFF,)), ORACLE, *again):
         policy = name if name in POLICIES else "static"
         config = train_config(scale["steps"], inject_spec(scale, lead), f"live-{name}",
@@ -577,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--learned: run the scripted trainer twice per launch and report the "
                          "second's share of the first's gain (the per-run share's floor)")
     args = ap.parse_args(argv)
+    if args.self_share and not args.learned:
+        ap.error("--self-share: only with --learned (its goals are the learned lead's)")
     if args.learned:
         args.runs = args.runs or (1 if args.quick else 3)
         return run_learned(args, argv)

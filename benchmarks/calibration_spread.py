@@ -299,10 +299,9 @@ def main() -> None:
               f"{s['mean']:.3f}  "
               f"{s['min']:.3f}  {s['max']:.3f}  {s['in_band']}/{s['n']} in {s['band']}")
     doc = run_header("calibration", script="calibration_spread.py",
-                     **{"train_seeds": args.train_seeds, "held_seeds": args.held_seeds,
-                        "steps": args.steps, "epochs": args.epochs, "band": list(BAND),
-                        "gammas": args.gammas, "served_aci": served_aci(),
-                        "scenario_band": list(SCENARIO_BAND)})
+                     train_seeds=args.train_seeds, held_seeds=args.held_seeds, steps=args.steps,
+                     epochs=args.epochs, band=list(BAND), gammas=args.gammas,
+                     served_aci=served_aci(), scenario_band=list(SCENARIO_BAND))
     doc.update(headline(table))
     write_json(RESULTS, {**doc, "summary": table, "records": records})
 
